@@ -1,0 +1,195 @@
+"""Messages between the runtime's processes: one dataclass per message.
+
+Grouped by the process that receives them. Every message is plain picklable
+data (lists, ints, strings, small dataclasses); tensors never cross ZMQ.
+
+    TokenizerManager -> Scheduler : TokenizedGenerateReqInput, AbortReq,
+                                    FlushCacheReqInput, GetInternalStateReq,
+                                    UpdateWeightFromDiskReqInput
+    Scheduler -> Detokenizer       : BatchTokenIDOutput
+    Detokenizer -> TokenizerManager: BatchStrOutput
+    Scheduler -> TokenizerManager  : FlushCacheReqOutput, GetInternalStateReqOutput,
+                                    UpdateWeightFromDiskReqOutput
+    any child -> launcher (pipe)   : ChildReady, ChildFailed
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+# ----------------------------------------------------------------------------
+# API-level input (built by the Engine or the HTTP layer)
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class GenerateReqInput:
+    """One generation request: a single prompt (text or ids), n = 1."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: dict[str, Any] | None = None
+    rid: str | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    # First prompt position whose input logprob is returned; -1 = none.
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rid is None:
+            self.rid = uuid.uuid4().hex
+        if self.sampling_params is None:
+            self.sampling_params = {}
+
+
+# ----------------------------------------------------------------------------
+# Received by the scheduler
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class TokenizedGenerateReqInput:
+    rid: str
+    input_text: str | None
+    input_ids: list[int]
+    # sglang.srt.sampling.sampling_params.SamplingParams, normalized (stop_strs set).
+    sampling_params: Any
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    stream: bool = False
+
+
+@dataclass
+class AbortReq:
+    rid: str
+    message: str = "Aborted by request."
+
+
+@dataclass
+class FlushCacheReqInput:
+    pass
+
+
+@dataclass
+class GetInternalStateReq:
+    pass
+
+
+@dataclass
+class UpdateWeightFromDiskReqInput:
+    model_path: str
+    load_format: str | None = None
+
+
+# ----------------------------------------------------------------------------
+# Received by the tokenizer manager from the scheduler (control replies)
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class FlushCacheReqOutput:
+    success: bool
+    message: str = ""
+
+
+@dataclass
+class GetInternalStateReqOutput:
+    internal_state: dict[str, Any]
+
+
+@dataclass
+class UpdateWeightFromDiskReqOutput:
+    success: bool
+    message: str
+    model_path: str = ""
+    load_format: str | None = None
+
+
+# ----------------------------------------------------------------------------
+# Received by the detokenizer
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class DecodeParams:
+    """Per-request text options, sent once with a request's first output."""
+
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    stop_strs: tuple[str, ...] = ()
+    stream: bool = False
+
+
+@dataclass
+class BatchTokenIDOutput:
+    """New tokens for a batch of requests since each one's previous output.
+
+    Parallel lists, one entry per request. `new_output_ids[i]` are the tokens
+    generated since the last message for `rids[i]`; a request appears at most
+    once per message. `decode_params[i]` is set on a request's first message
+    only (None afterwards). Logprob lists are None unless some request asked.
+    """
+
+    rids: list[str]
+    new_output_ids: list[list[int]]
+    # None while running; else {"type": "stop"|"length"|"abort", "matched": ..., "message"?}
+    finished_reasons: list[dict[str, Any] | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    decode_params: list[DecodeParams | None]
+    output_token_logprobs: list[list[tuple[float, int]]] | None = None
+    output_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
+    input_token_logprobs: list[list[tuple[float | None, int]]] | None = None
+    input_top_logprobs: list[list[list[tuple[float, int]] | None]] | None = None
+
+
+# ----------------------------------------------------------------------------
+# Received by the tokenizer manager from the detokenizer
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class BatchStrOutput:
+    """Incremental text for a batch of requests (parallel lists, as above).
+
+    `new_texts[i]` is the text decoded since the previous message (stop strings
+    trimmed, incomplete UTF-8 held back); `new_output_ids[i]` the new tokens.
+    """
+
+    rids: list[str]
+    new_texts: list[str]
+    new_output_ids: list[list[int]]
+    finished_reasons: list[dict[str, Any] | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    output_token_logprobs: list[list[tuple[float, int]]] | None = None
+    output_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
+    input_token_logprobs: list[list[tuple[float | None, int]]] | None = None
+    input_top_logprobs: list[list[list[tuple[float, int]] | None]] | None = None
+
+
+# ----------------------------------------------------------------------------
+# Child process -> launcher, over the ready pipe
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class ChildReady:
+    role: str
+    pid: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ChildFailed:
+    role: str
+    pid: int
+    traceback_text: str

@@ -1,0 +1,84 @@
+"""Process helpers: stopping process trees, parent-death handling, traceback text."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+
+def kill_process_tree(pid: int, include_parent: bool = True, timeout_s: float = 5.0) -> None:
+    """SIGTERM `pid`'s descendants (and `pid` itself), then SIGKILL survivors."""
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = parent.children(recursive=True)
+    if include_parent:
+        procs.append(parent)
+    for proc in procs:
+        _signal_quietly(proc, signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for proc in alive:
+        _signal_quietly(proc, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=timeout_s)
+
+
+def _signal_quietly(proc: psutil.Process, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send `sig` to this process when its parent thread exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, sig)
+    except OSError:
+        pass
+
+
+def start_parent_watcher(poll_s: float = 1.0) -> threading.Thread:
+    """Exit this (child) process soon after its parent process is gone.
+
+    PR_SET_PDEATHSIG fires when the parent *thread* dies, which can be a helper
+    thread; polling the parent pid covers every other case.
+    """
+    parent_pid = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent_pid or not psutil.pid_exists(parent_pid):
+                logger.warning("parent process %d is gone; exiting", parent_pid)
+                os._exit(1)
+
+    thread = threading.Thread(target=watch, name="parent-watcher", daemon=True)
+    thread.start()
+    return thread
+
+
+def format_exception_text() -> str:
+    """The current exception's traceback as text (to send over a ready pipe)."""
+    return traceback.format_exc()
+
+
+def configure_child_logging(level: str = "info", prefix: str = "") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"[%(asctime)s{prefix}] %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
