@@ -1,0 +1,208 @@
+"""The detokenizer process: token ids -> incremental text, stop strings trimmed.
+
+`IncrementalDetokenizer` is the pure part (no I/O); `DetokenizerManager` wires
+it between the scheduler's BatchTokenIDOutput and the TokenizerManager.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang.srt.managers.io_struct import BatchStrOutput, BatchTokenIDOutput, DecodeParams
+
+logger = logging.getLogger(__name__)
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+@dataclass
+class DecodeState:
+    """One request's decoding progress.
+
+    ids[:surr_offset]            decoded and emitted, used as context
+    ids[surr_offset:read_offset] decoded and emitted; re-decoded as context
+    ids[read_offset:]            not yet decoded into `text`
+    text[:sent_len]              already sent to the TokenizerManager
+    """
+
+    params: DecodeParams
+    ids: list[int] = field(default_factory=list)
+    surr_offset: int = 0
+    read_offset: int = 0
+    text: str = ""
+    sent_len: int = 0
+
+
+def find_stop(text: str, stop_strs: Sequence[str]) -> tuple[int, str] | None:
+    """The earliest occurrence of any stop string: (index, stop string)."""
+    best: tuple[int, str] | None = None
+    for stop in stop_strs:
+        idx = text.find(stop)
+        if idx >= 0 and (best is None or idx < best[0]):
+            best = (idx, stop)
+    return best
+
+
+def partial_stop_len(text: str, stop_strs: Sequence[str]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of a stop string."""
+    longest = 0
+    for stop in stop_strs:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest
+
+
+class IncrementalDetokenizer:
+    """Turns per-request token streams into text deltas (UTF-8 safe)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, DecodeState] = {}
+
+    def _decode_many(self, seqs: list[list[int]], params: list[DecodeParams]) -> list[str]:
+        """batch_decode, one call per distinct (skip_special, spaces_between) pair."""
+        if self.tokenizer is None:  # skip_tokenizer_init: ids only
+            return [""] * len(seqs)
+        groups: dict[tuple[bool, bool], list[int]] = {}
+        for i, p in enumerate(params):
+            key = (p.skip_special_tokens, p.spaces_between_special_tokens)
+            groups.setdefault(key, []).append(i)
+        out = [""] * len(seqs)
+        for (skip, spaces), idxs in groups.items():
+            texts = self.tokenizer.batch_decode(
+                [seqs[i] for i in idxs],
+                skip_special_tokens=skip,
+                spaces_between_special_tokens=spaces,
+            )
+            for i, text in zip(idxs, texts):
+                out[i] = text
+        return out
+
+    def step(
+        self,
+        rids: list[str],
+        new_ids: list[list[int]],
+        finished: list[dict[str, Any] | None],
+        params: list[DecodeParams | None],
+    ) -> list[str]:
+        """Absorb new tokens; returns the text delta to send for each request."""
+        states = [self._state(r, p) for r, p in zip(rids, params)]
+        for state, ids in zip(states, new_ids):
+            state.ids.extend(ids)
+        self._advance_streaming(
+            [s for s, f in zip(states, finished) if f is None and s.params.stream]
+        )
+        self._decode_finished([s for s, f in zip(states, finished) if f is not None])
+        deltas = [self._take_delta(s, f is not None) for s, f in zip(states, finished)]
+        for rid, fin in zip(rids, finished):
+            if fin is not None:
+                self.states.pop(rid, None)
+        return deltas
+
+    def _state(self, rid: str, params: DecodeParams | None) -> DecodeState:
+        state = self.states.get(rid)
+        if state is None:
+            state = DecodeState(params=params or DecodeParams())
+            self.states[rid] = state
+        return state
+
+    def _advance_streaming(self, states: list[DecodeState]) -> None:
+        # Region [surr_offset, read_offset) is re-decoded so that token-boundary
+        # effects (leading-space handling, split UTF-8) are resolved in context.
+        if not states:
+            return
+        params = [s.params for s in states]
+        surr = [s.ids[s.surr_offset : s.read_offset] for s in states]
+        full = [s.ids[s.surr_offset :] for s in states]
+        texts = self._decode_many(surr + full, params + params)
+        for i, state in enumerate(states):
+            surr_text, new_text = texts[i], texts[len(states) + i]
+            if new_text.endswith(REPLACEMENT_CHAR) or len(new_text) <= len(surr_text):
+                continue  # incomplete UTF-8 (or nothing yet): hold back
+            state.text += new_text[len(surr_text) :]
+            state.surr_offset, state.read_offset = state.read_offset, len(state.ids)
+
+    def _decode_finished(self, states: list[DecodeState]) -> None:
+        if not states:
+            return
+        texts = self._decode_many([s.ids for s in states], [s.params for s in states])
+        for state, text in zip(states, texts):
+            state.text = text
+
+    def _take_delta(self, state: DecodeState, is_finished: bool) -> str:
+        text, stops = state.text, state.params.stop_strs
+        end = len(text)
+        if stops:
+            hit = find_stop(text, stops)
+            if hit is not None:
+                idx, stop = hit
+                end = idx + len(stop) if state.params.no_stop_trim else idx
+            elif not is_finished:
+                end -= partial_stop_len(text, stops)
+        if end <= state.sent_len:
+            return ""
+        delta = text[state.sent_len : end]
+        state.sent_len = end
+        return delta
+
+
+class DetokenizerManager:
+    """Receives BatchTokenIDOutput, sends BatchStrOutput (process loop)."""
+
+    def __init__(self, tokenizer: Any, recv_from_scheduler: Any, send_to_tokenizer: Any):
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.recv_from_scheduler = recv_from_scheduler
+        self.send_to_tokenizer = send_to_tokenizer
+
+    def handle(self, msg: BatchTokenIDOutput) -> BatchStrOutput:
+        deltas = self.detok.step(
+            msg.rids, msg.new_output_ids, msg.finished_reasons, msg.decode_params
+        )
+        return BatchStrOutput(
+            rids=msg.rids,
+            new_texts=deltas,
+            new_output_ids=msg.new_output_ids,
+            finished_reasons=msg.finished_reasons,
+            prompt_tokens=msg.prompt_tokens,
+            completion_tokens=msg.completion_tokens,
+            cached_tokens=msg.cached_tokens,
+            output_token_logprobs=msg.output_token_logprobs,
+            output_top_logprobs=msg.output_top_logprobs,
+            input_token_logprobs=msg.input_token_logprobs,
+            input_top_logprobs=msg.input_top_logprobs,
+        )
+
+    def event_loop(self) -> None:
+        while True:
+            msg = self.recv_from_scheduler.recv()
+            if isinstance(msg, BatchTokenIDOutput):
+                self.send_to_tokenizer.send(self.handle(msg))
+            else:
+                self.send_to_tokenizer.send(msg)
+
+
+def run_detokenizer_process(server_args: Any, port_args: Any, ready_writer: Any) -> None:
+    """Process entry: publish, load the tokenizer, report ready, loop forever."""
+    from sglang.srt.managers.process_entry import run_child
+
+    run_child("detokenizer", server_args, ready_writer, lambda: _build(port_args))
+
+
+def _build(port_args: Any):
+    import zmq
+
+    from sglang.srt.managers.ipc import PullEndpoint, PushEndpoint
+    from sglang.srt.managers.tokenizer_manager import load_tokenizer
+
+    ctx = zmq.Context(2)
+    manager = DetokenizerManager(
+        load_tokenizer(),
+        PullEndpoint(ctx, port_args.detokenizer_ipc_name),
+        PushEndpoint(ctx, port_args.tokenizer_ipc_name),
+    )
+    return {}, manager.event_loop

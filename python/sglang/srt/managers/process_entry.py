@@ -1,0 +1,62 @@
+"""The shared shape of every child process entry (scheduler, detokenizer).
+
+publish the config under the role first; build; report ChildReady (or
+ChildFailed with the traceback text) over the ready pipe; run the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from sglang.srt.managers.io_struct import ChildFailed, ChildReady
+from sglang.srt.utils import (
+    configure_child_logging,
+    format_exception_text,
+    set_parent_death_signal,
+    start_parent_watcher,
+)
+
+logger = logging.getLogger(__name__)
+
+# build() returns (info for ChildReady, the event loop to run forever).
+BuildFn = Callable[[], tuple[dict[str, Any], Callable[[], None]]]
+
+
+def run_child(role: str, server_args: Any, ready_writer: Any, build: BuildFn) -> None:
+    from sglang.srt.runtime_context import publish
+
+    publish(server_args, role=role)
+    set_parent_death_signal()
+    start_parent_watcher()
+    _configure_logging(role)
+    try:
+        info, loop = build()
+    except BaseException:
+        text = format_exception_text()
+        logger.error("%s failed to start:\n%s", role, text)
+        _send_quietly(ready_writer, ChildFailed(role=role, pid=os.getpid(), traceback_text=text))
+        os._exit(1)
+    ready_writer.send(ChildReady(role=role, pid=os.getpid(), info=info))
+    ready_writer.close()
+    try:
+        loop()
+    except BaseException:
+        logger.error("%s crashed:\n%s", role, format_exception_text())
+        os._exit(1)
+
+
+def _configure_logging(role: str) -> None:
+    from sglang.srt.runtime_context import get_observability
+
+    configure_child_logging(get_observability().log_level, prefix=f" {role}")
+
+
+def _send_quietly(writer: Any, msg: Any) -> None:
+    try:
+        writer.send(msg)
+        writer.close()
+    except OSError:
+        pass

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import pytest
+
+from sglang.srt.managers.detokenizer_manager import (
+    IncrementalDetokenizer,
+    find_stop,
+    partial_stop_len,
+)
+from sglang.srt.managers.io_struct import DecodeParams
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from sglang.test.corpus import save_tokenizer_files, train_tokenizer
+
+    out = tmp_path_factory.mktemp("tok")
+    save_tokenizer_files(train_tokenizer(vocab_size=1024, max_bytes=300_000), out, 2048)
+    return AutoTokenizer.from_pretrained(str(out))
+
+
+def stream(detok, tokenizer, text, params, chunk=1, rid="r"):
+    ids = tokenizer.encode(text)
+    deltas = []
+    for i in range(0, len(ids), chunk):
+        last = i + chunk >= len(ids)
+        fin = {"type": "length", "matched": None} if last else None
+        first = params if i == 0 else None
+        deltas.append(detok.step([rid], [ids[i : i + chunk]], [fin], [first])[0])
+    return deltas
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_streaming_utf8_never_broken(tokenizer, chunk):
+    detok = IncrementalDetokenizer(tokenizer)
+    text = "héllo wörld 你好 — ünïcödé ok"
+    deltas = stream(detok, tokenizer, text, DecodeParams(stream=True), chunk)
+    assert "".join(deltas) == text
+    assert all("\ufffd" not in d for d in deltas)
+    assert detok.states == {}
+
+
+def test_non_streaming_decodes_at_finish(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer)
+    deltas = stream(detok, tokenizer, "def f(x): return x", DecodeParams(stream=False))
+    assert deltas[:-1] == [""] * (len(deltas) - 1)
+    assert deltas[-1] == "def f(x): return x"
+
+
+def test_skip_special_tokens(tokenizer):
+    text = "a<|im_end|>b"
+    keep = "".join(stream(IncrementalDetokenizer(tokenizer), tokenizer, text,
+                          DecodeParams(skip_special_tokens=False, stream=True)))
+    skip = "".join(stream(IncrementalDetokenizer(tokenizer), tokenizer, text,
+                          DecodeParams(skip_special_tokens=True, stream=True)))
+    assert keep == text and skip == "ab"
+
+
+@pytest.mark.parametrize("no_stop_trim", [False, True])
+def test_stop_string_trimmed_and_held_back(tokenizer, no_stop_trim):
+    params = DecodeParams(stream=True, stop_strs=("STOP",), no_stop_trim=no_stop_trim)
+    deltas = stream(IncrementalDetokenizer(tokenizer), tokenizer, "abc ST xyz STOP tail",
+                    params)
+    out = "".join(deltas)
+    assert out == ("abc ST xyz STOP" if no_stop_trim else "abc ST xyz ")
+
+
+def test_stop_helpers():
+    assert find_stop("a b c", ["c", "b"]) == (2, "b")
+    assert partial_stop_len("hello wor", ["world"]) == 3
+    assert partial_stop_len("hello", ["xyz"]) == 0
+
+
+def test_batch_of_requests_independent(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer)
+    a, b = tokenizer.encode("alpha beta"), tokenizer.encode("gamma")
+    p = DecodeParams(stream=True)
+    d1 = detok.step(["a", "b"], [a[:2], b[:1]], [None, None], [p, p])
+    d2 = detok.step(["a", "b"], [a[2:], b[1:]], [{"type": "stop"}, {"type": "stop"}], [None, None])
+    assert d1[0] + d2[0] == "alpha beta" and d1[1] + d2[1] == "gamma"
