@@ -1,0 +1,66 @@
+"""The `exec` namespace and its sub-namespaces: how a forward runs.
+
+`exec` itself holds `random_seed`; kernels, graphs and feature backends live in
+`exec.kernel`, `exec.graph` and `exec.features`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang.srt.arg_groups.arg_utils import arg
+
+ATTENTION_BACKEND_CHOICES = ("torch_native", "triton", "flashinfer")
+CUDA_ONLY_ATTENTION_BACKENDS = ("triton", "flashinfer")
+SAMPLING_BACKEND_CHOICES = ("pytorch", "flashinfer")
+KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
+GRAMMAR_BACKEND_CHOICES = ("xgrammar", "outlines", "llguidance", "none")
+
+
+@dataclass(kw_only=True)
+class ExecArgs:
+    _NS_PATH = "exec"
+
+    random_seed: int | None = arg(
+        None, "Random seed. Default: an int chosen at resolution (shown in /server_info)."
+    )
+
+
+@dataclass(kw_only=True)
+class ExecKernelArgs:
+    _NS_PATH = "exec.kernel"
+
+    attention_backend: str | None = arg(
+        None,
+        "Attention kernels. Default: torch_native on cpu; flashinfer on cuda if installed.",
+        choices=ATTENTION_BACKEND_CHOICES,
+    )
+    sampling_backend: str | None = arg(
+        None, "Sampling kernels. Default: pytorch.", choices=SAMPLING_BACKEND_CHOICES
+    )
+    kv_cache_dtype: str = arg(
+        "auto", "KV cache dtype; 'auto' follows the model dtype.", choices=KV_CACHE_DTYPE_CHOICES
+    )
+
+
+@dataclass(kw_only=True)
+class ExecGraphArgs:
+    _NS_PATH = "exec.graph"
+
+    disable_cuda_graph: bool = arg(False, "Do not capture CUDA graphs for decode.")
+    cuda_graph_max_bs: int | None = arg(None, "Largest batch size captured in a CUDA graph.")
+    enable_torch_compile: bool = arg(False, "Compile the model forward with torch.compile.")
+
+
+@dataclass(kw_only=True)
+class ExecFeaturesArgs:
+    _NS_PATH = "exec.features"
+
+    grammar_backend: str | None = arg(
+        None,
+        "Constrained-decoding backend. Default: xgrammar.",
+        choices=GRAMMAR_BACKEND_CHOICES,
+    )
+    num_threads: int | None = arg(
+        None, "CPU intra-op threads for torch. Default: torch's own choice."
+    )

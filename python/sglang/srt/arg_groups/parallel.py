@@ -1,0 +1,55 @@
+"""The `parallel` namespace: the topology an operator asks for, and its quotients.
+
+The quotients are `Derived` class attributes (unannotated, so never fields of the
+record): publish computes them once into ordinary leaves of the parallel bag.
+`get_parallel()` answers a test override, else the stamp taken when process
+groups are built, else these published leaves. Overriding a leaf (`tp_size`)
+does not move a quotient: nothing is recomputed on read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sglang.srt.arg_groups.arg_utils import Derived, arg
+
+
+def _attn_dp_size(c: Any) -> int:
+    return c.dp_size if c.enable_dp_attention else 1
+
+
+def _attn_tp_size(c: Any) -> int:
+    return c.tp_size // _attn_dp_size(c)
+
+
+@dataclass(kw_only=True)
+class ParallelArgs:
+    _NS_PATH = "parallel"
+
+    tp_size: int = arg(1, "Tensor parallel size (ranks per model replica).")
+    dp_size: int = arg(1, "Data parallel size (model replicas).")
+    pp_size: int = arg(1, "Pipeline parallel size.")
+    ep_size: int = arg(1, "Expert parallel size (MoE models).")
+    nnodes: int = arg(1, "Number of nodes the ranks are spread over.")
+    node_rank: int = arg(0, "Rank of this node, 0-based.")
+    dist_init_addr: str | None = arg(
+        None, "host:port of the torch.distributed rendezvous (multi-node)."
+    )
+    enable_dp_attention: bool = arg(
+        False, "Data-parallel attention: split the TP ranks into dp_size attention groups."
+    )
+    decode_context_parallel_size: int = arg(
+        1, "Decode context parallel size: shard the KV cache across TP ranks."
+    )
+
+    attn_dp_size = Derived(fn=_attn_dp_size, help="Attention data-parallel width.")
+    attn_tp_size = Derived(fn=_attn_tp_size, help="Attention tensor-parallel width.")
+    moe_ep_size = Derived(fn=lambda c: c.ep_size, help="MoE expert-parallel width.")
+    moe_tp_size = Derived(fn=lambda c: c.tp_size // c.ep_size, help="MoE tensor-parallel width.")
+    dcp_enabled = Derived(
+        fn=lambda c: c.decode_context_parallel_size > 1, help="Whether decode CP is on."
+    )
+    attn_dcp_size = Derived(
+        fn=lambda c: c.decode_context_parallel_size, help="Decode context-parallel width."
+    )

@@ -1,0 +1,211 @@
+"""The resolvers `ServerArgs.resolve_once()` runs, in order.
+
+Each resolver reads the resolution so far through a `ResolvedView` and returns
+`(source, {field: value})` to declare, or None. None of them writes a field.
+Torch is imported lazily, and only when the device is left on `auto`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sglang.srt.arg_groups.spec import DRAFT_MODEL_ALGORITHMS
+
+logger = logging.getLogger(__name__)
+
+Resolved = tuple[str, dict[str, Any]] | None
+Resolver = Callable[[Any], Resolved]
+
+HALF_DTYPES = ("float16", "bfloat16", "half")
+
+
+def resolve_device(c: Any) -> Resolved:
+    if c.device != "auto":
+        return None
+    import torch
+
+    return "device_auto", {"device": "cuda" if torch.cuda.is_available() else "cpu"}
+
+
+def resolve_model_path(c: Any) -> Resolved:
+    if c.model_path is not None:
+        check_local_path_exists("model_path", c.model_path)
+        return None
+    from sglang.demo_models import demo_target_path
+
+    path = demo_target_path()
+    if path is None:
+        raise ValueError(
+            "model_path is required (--model-path DIR or hub id): no bundled demo model is "
+            "installed in this package"
+        )
+    logger.info("No --model-path given: serving the bundled demo model at %s", path)
+    return "demo_model", {"model_path": str(path)}
+
+
+def looks_like_local_path(path: str) -> bool:
+    """A hub id is `name` or `org/name`; anything else is meant as a local path."""
+    if os.path.exists(path):
+        return True
+    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or "\\" in path
+
+
+def check_local_path_exists(name: str, path: str) -> None:
+    if looks_like_local_path(path) and not os.path.exists(os.path.expanduser(path)):
+        raise ValueError(f"{name}: local path {path!r} does not exist")
+
+
+def resolve_tokenizer_path(c: Any) -> Resolved:
+    if c.tokenizer_path is not None:
+        return None
+    return "tokenizer_from_model", {"tokenizer_path": c.model_path}
+
+
+def resolve_served_model_name(c: Any) -> Resolved:
+    if c.served_model_name is not None:
+        return None
+    return "served_name_from_model", {"served_model_name": c.model_path}
+
+
+def read_hf_config(model_path: str) -> dict[str, Any] | None:
+    """config.json of a local checkpoint directory, or None (hub id, unreadable)."""
+    path = Path(os.path.expanduser(model_path)) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _context_from_config(config: dict[str, Any]) -> int | None:
+    value = config.get("max_position_embeddings")
+    if value is None:
+        value = (config.get("text_config") or {}).get("max_position_embeddings")
+    return int(value) if value is not None else None
+
+
+def resolve_context_length(c: Any) -> Resolved:
+    if c.context_length is not None:
+        return None
+    config = read_hf_config(c.model_path)
+    value = _context_from_config(config) if config else None
+    # Left None when unknown (e.g. a hub id): the model loader fills it.
+    return ("hf_config", {"context_length": value}) if value is not None else None
+
+
+def _config_dtype(config: dict[str, Any] | None) -> str:
+    if not config:
+        return "float32"
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    if dtype is None:
+        dtype = (config.get("text_config") or {}).get("dtype") or "float32"
+    return str(dtype).replace("torch.", "")
+
+
+def resolve_dtype(c: Any) -> Resolved:
+    if c.dtype != "auto":
+        return None
+    dtype = _config_dtype(read_hf_config(c.model_path))
+    if c.device == "cpu" and dtype in HALF_DTYPES:
+        # Half matmuls on CPUs without avx512_bf16 are much slower than float32.
+        logger.info("dtype auto: checkpoint is %s, running float32 on cpu", dtype)
+        dtype = "float32"
+    return "dtype_auto", {"dtype": dtype}
+
+
+def resolve_attention_backend(c: Any) -> Resolved:
+    if c.attention_backend is not None:
+        return None
+    backend = "torch_native"
+    if c.device == "cuda" and importlib.util.find_spec("flashinfer") is not None:
+        backend = "flashinfer"
+    return "attention_backend_by_device", {"attention_backend": backend}
+
+
+def resolve_sampling_backend(c: Any) -> Resolved:
+    if c.sampling_backend is not None:
+        return None
+    return "sampling_backend_default", {"sampling_backend": "pytorch"}
+
+
+def resolve_chunked_prefill_size(c: Any) -> Resolved:
+    if c.chunked_prefill_size is not None:
+        return None
+    size = 2048 if c.device == "cpu" else 8192
+    return "chunked_prefill_by_device", {"chunked_prefill_size": size}
+
+
+def resolve_mem_fraction_static(c: Any) -> Resolved:
+    if c.mem_fraction_static is not None:
+        return None
+    fraction = 0.3 if c.device == "cpu" else 0.85
+    return "mem_fraction_by_device", {"mem_fraction_static": fraction}
+
+
+def resolve_random_seed(c: Any) -> Resolved:
+    if c.random_seed is not None:
+        return None
+    # Recorded in the resolution, so /server_info shows the seed in effect.
+    return "random_seed_chosen", {"random_seed": random.randint(0, 2**30 - 1)}
+
+
+def resolve_grammar_backend(c: Any) -> Resolved:
+    if c.grammar_backend is not None:
+        return None
+    return "grammar_backend_default", {"grammar_backend": "xgrammar"}
+
+
+def _draft_model_path(c: Any) -> dict[str, Any]:
+    if c.speculative_algorithm not in DRAFT_MODEL_ALGORITHMS:
+        return {}
+    if c.speculative_draft_model_path is not None:
+        check_local_path_exists("speculative_draft_model_path", c.speculative_draft_model_path)
+        return {}
+    from sglang.demo_models import demo_draft_path
+
+    path = demo_draft_path()
+    if path is None:
+        raise ValueError(
+            f"speculative_draft_model_path is required for speculative_algorithm "
+            f"{c.speculative_algorithm!r} (no bundled demo draft is installed)"
+        )
+    return {"speculative_draft_model_path": str(path)}
+
+
+def resolve_speculative(c: Any) -> Resolved:
+    if c.speculative_algorithm is None:
+        return None
+    out = _draft_model_path(c)
+    steps = c.speculative_num_steps if c.speculative_num_steps is not None else 3
+    defaults = {
+        "speculative_num_steps": steps,
+        "speculative_num_draft_tokens": steps + 1,
+        "speculative_eagle_topk": 1,
+        "speculative_draft_attention_backend": c.attention_backend,
+        "speculative_draft_load_format": c.load_format,
+    }
+    out.update({k: v for k, v in defaults.items() if getattr(c, k) is None})
+    return ("speculative_defaults", out) if out else None
+
+
+RESOLVERS: tuple[Resolver, ...] = (
+    resolve_device,
+    resolve_model_path,
+    resolve_tokenizer_path,
+    resolve_served_model_name,
+    resolve_context_length,
+    resolve_dtype,
+    resolve_attention_backend,
+    resolve_sampling_backend,
+    resolve_chunked_prefill_size,
+    resolve_mem_fraction_static,
+    resolve_random_seed,
+    resolve_grammar_backend,
+    resolve_speculative,
+)

@@ -1,0 +1,23 @@
+"""The `serving` namespace: the HTTP front end and chat formatting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang.srt.arg_groups.arg_utils import arg
+
+
+@dataclass(kw_only=True)
+class ServingArgs:
+    _NS_PATH = "serving"
+
+    host: str = arg("127.0.0.1", "HTTP host to bind.")
+    port: int = arg(30000, "HTTP port to bind.")
+    api_key: str | None = arg(None, "Require this key as a Bearer token on every route.")
+    served_model_name: str | None = arg(
+        None, "Model name reported by /v1/models. Default: model path."
+    )
+    chat_template: str | None = arg(None, "Chat template name or file. Default: the tokenizer's.")
+    reasoning_parser: str | None = arg(None, "Reasoning-content parser name.")
+    tool_call_parser: str | None = arg(None, "Tool-call parser name.")
+    skip_server_warmup: bool = arg(False, "Skip the warmup request after start.")

@@ -1,0 +1,95 @@
+"""Checks on a config: every error is a ValueError naming the field and what it accepts.
+
+`validate(view, fields)` runs on the raw record (the CLI, before resolution; None
+values are skipped) and again on the resolution result inside `resolve_once()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sglang.srt.arg_groups.exec_ import CUDA_ONLY_ATTENTION_BACKENDS
+
+# field -> smallest accepted value (inclusive).
+MIN_VALUES: dict[str, int | float] = {
+    "tp_size": 1,
+    "dp_size": 1,
+    "pp_size": 1,
+    "ep_size": 1,
+    "nnodes": 1,
+    "node_rank": 0,
+    "decode_context_parallel_size": 1,
+    "page_size": 1,
+    "stream_interval": 1,
+    "max_prefill_tokens": 1,
+    "max_running_requests": 1,
+    "max_queued_requests": 1,
+    "max_total_tokens": 1,
+    "max_loras_per_batch": 1,
+    "context_length": 1,
+    "cuda_graph_max_bs": 1,
+    "num_threads": 1,
+    "speculative_num_steps": 1,
+    "speculative_num_draft_tokens": 1,
+    "speculative_eagle_topk": 1,
+}
+
+
+def _check_choices(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    if value is not None and value not in choices:
+        raise ValueError(f"{name}={value!r} is not accepted; choose one of {list(choices)}")
+
+
+def _check_min(name: str, value: Any, low: int | float) -> None:
+    if value is not None and value < low:
+        raise ValueError(f"{name}={value!r} is not accepted; it must be >= {low}")
+
+
+def _check_ranges(c: Any) -> None:
+    if c.port is not None and not 1 <= c.port <= 65535:
+        raise ValueError(f"port={c.port!r} is not accepted; it must be in 1..65535")
+    fraction = c.mem_fraction_static
+    if fraction is not None and not 0.0 < fraction < 1.0:
+        raise ValueError(f"mem_fraction_static={fraction!r} is not accepted; it must be in (0, 1)")
+    size = c.chunked_prefill_size
+    if size is not None and size != -1 and size < 1:
+        raise ValueError(f"chunked_prefill_size={size!r} is not accepted; use -1 (off) or >= 1")
+    for name in ("watchdog_timeout", "schedule_conservativeness"):
+        if getattr(c, name) is not None and getattr(c, name) <= 0:
+            raise ValueError(f"{name}={getattr(c, name)!r} is not accepted; it must be > 0")
+
+
+def _check_topology(c: Any) -> None:
+    if c.node_rank >= c.nnodes:
+        raise ValueError(f"node_rank={c.node_rank} is not accepted; it must be < nnodes={c.nnodes}")
+    if c.tp_size % c.ep_size:
+        raise ValueError(f"ep_size={c.ep_size} is not accepted; it must divide tp_size={c.tp_size}")
+    if c.enable_dp_attention and c.tp_size % c.dp_size:
+        raise ValueError(
+            f"dp_size={c.dp_size} is not accepted with enable_dp_attention; "
+            f"it must divide tp_size={c.tp_size}"
+        )
+
+
+def _check_backends(c: Any) -> None:
+    if c.device != "cpu":
+        return
+    for name in ("attention_backend", "speculative_draft_attention_backend"):
+        if getattr(c, name) in CUDA_ONLY_ATTENTION_BACKENDS:
+            raise ValueError(
+                f"{name}={getattr(c, name)!r} needs device cuda; on cpu use 'torch_native'"
+            )
+
+
+def validate(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
+    """Raise ValueError for the first bad value in `c` (a record or a resolved view)."""
+    for f in fields:
+        choices = f.metadata.get("choices")
+        if choices:
+            _check_choices(f.name, getattr(c, f.name), choices)
+    for name, low in MIN_VALUES.items():
+        _check_min(name, getattr(c, name), low)
+    _check_ranges(c)
+    _check_topology(c)
+    _check_backends(c)

@@ -1,0 +1,170 @@
+"""Every SGLANG_* environment variable, typed, read when asked (never at import).
+
+    from sglang.srt.environ import envs
+    envs.SGLANG_LOG_LEVEL.get()          # typed value or the default
+    with envs.SGLANG_NUM_THREADS.override(4): ...   # scoped, for tests
+
+A bad value for a typed or enum-like variable raises ValueError naming the
+variable and what it accepts. Add a variable here, with help text, before
+reading it anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; use one of {list(_TRUE + _FALSE[:-1])}")
+
+
+def _parse_number(kind: Callable[[str], Any]) -> Callable[[str, str], Any]:
+    def parse(name: str, raw: str) -> Any:
+        try:
+            return kind(raw.strip())
+        except ValueError:
+            raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+    return parse
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable: its name, type, default and (optionally) choices."""
+
+    name: str
+    kind: str
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+
+    def is_set(self) -> bool:
+        return self.name in os.environ
+
+    def get(self) -> Any:
+        """The typed value, read from os.environ now; the default when unset."""
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default
+        return self.parse(raw)
+
+    def parse(self, raw: str) -> Any:
+        if self.choices is not None:
+            value = raw.strip().lower()
+            if value not in self.choices:
+                raise ValueError(
+                    f"{self.name}={raw!r} is not accepted; choose one of {list(self.choices)}"
+                )
+            return value
+        return _PARSERS[self.kind](self.name, raw)
+
+    def set(self, value: Any) -> None:
+        os.environ[self.name] = _format(value)
+
+    def clear(self) -> None:
+        os.environ.pop(self.name, None)
+
+    @contextmanager
+    def override(self, value: Any) -> Iterator[None]:
+        """Set the variable for a scope (None unsets it); the old value comes back after."""
+        old = os.environ.get(self.name)
+        if value is None:
+            self.clear()
+        else:
+            self.set(value)
+        try:
+            yield
+        finally:
+            if old is None:
+                self.clear()
+            else:
+                os.environ[self.name] = old
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "bool": _parse_bool,
+    "int": _parse_number(int),
+    "float": _parse_number(float),
+    "str": lambda name, raw: raw,
+    "path": lambda name, raw: Path(raw).expanduser(),
+}
+
+
+class Envs:
+    """The registry: one attribute per variable. Unknown names raise AttributeError."""
+
+    SGLANG_ROLE_NAMESPACES = EnvVar(
+        "SGLANG_ROLE_NAMESPACES",
+        "str",
+        "off",
+        "Role/namespace audit of config reads: off, record (log pairs), enforce (fail).",
+        choices=("off", "record", "enforce"),
+    )
+    SGLANG_ROLE_NAMESPACES_OUT = EnvVar(
+        "SGLANG_ROLE_NAMESPACES_OUT",
+        "path",
+        None,
+        "File that record mode appends `role namespace` lines to (one per new pair).",
+    )
+    SGLANG_LOG_LEVEL = EnvVar(
+        "SGLANG_LOG_LEVEL",
+        "str",
+        None,
+        "Log level overriding --log-level for every process.",
+        choices=("debug", "info", "warning", "error", "critical"),
+    )
+    SGLANG_NUM_THREADS = EnvVar(
+        "SGLANG_NUM_THREADS", "int", None, "Torch intra-op threads per process (CPU)."
+    )
+    SGLANG_IPC_DIR = EnvVar(
+        "SGLANG_IPC_DIR", "path", None, "Directory for ipc:// socket files. Default: a tempdir."
+    )
+    SGLANG_TEST_MODEL_PATH = EnvVar(
+        "SGLANG_TEST_MODEL_PATH",
+        "path",
+        None,
+        "Checkpoint the server tests use instead of a built one.",
+    )
+    SGLANG_IS_IN_CI = EnvVar("SGLANG_IS_IN_CI", "bool", False, "Set by CI runs.")
+    SGLANG_WATCHDOG_DISABLE = EnvVar(
+        "SGLANG_WATCHDOG_DISABLE", "bool", False, "Disable the scheduler watchdog (debugging)."
+    )
+    SGLANG_HEALTH_CHECK_TIMEOUT = EnvVar(
+        "SGLANG_HEALTH_CHECK_TIMEOUT", "float", 20.0, "Seconds /health_generate waits for a token."
+    )
+    SGLANG_CHILD_READY_TIMEOUT = EnvVar(
+        "SGLANG_CHILD_READY_TIMEOUT",
+        "float",
+        600.0,
+        "Seconds the launcher waits for a child process's ready message.",
+    )
+
+    def __iter__(self) -> Iterator[EnvVar]:
+        return iter(all_env_vars())
+
+
+def all_env_vars() -> list[EnvVar]:
+    """Every registered variable, in declaration order."""
+    return [v for v in vars(Envs).values() if isinstance(v, EnvVar)]
+
+
+envs = Envs()
