@@ -112,3 +112,50 @@ def save_tokenizer_files(tokenizer, out_dir: str | os.PathLike, model_max_length
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     specials = {"eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN}
     (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2))
+
+
+# A fixed set of standard-library files the demo models never train on; the held-out
+# loss in the demo model card and in its tests is measured on these (in this order).
+HELDOUT_STDLIB_FILES = (
+    "textwrap.py", "fractions.py", "heapq.py", "shlex.py", "calendar.py", "difflib.py",
+    "json/decoder.py", "sched.py", "colorsys.py", "statistics.py", "graphlib.py",
+    "netrc.py", "queue.py", "zipapp.py", "email/quoprimime.py",
+)
+
+
+def heldout_documents() -> list[str]:
+    """The held-out stdlib files' text, in `HELDOUT_STDLIB_FILES` order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return [(root / rel).read_text(encoding="utf-8") for rel in HELDOUT_STDLIB_FILES]
+
+
+def iter_train_documents() -> Iterator[str]:
+    """The corpus of `iter_corpus` without the held-out files (pydoc topics first)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    heldout = {root / rel for rel in HELDOUT_STDLIB_FILES}
+    yield pydoc_topics_text()
+    for path in stdlib_source_files():
+        if path in heldout:
+            continue
+        try:
+            yield path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+
+
+def train_tokenizer_on(documents, vocab_size: int = 8192):
+    """Like `train_tokenizer`, but on the given documents (e.g. the train split only)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(documents, trainer=trainer)
+    return tokenizer
