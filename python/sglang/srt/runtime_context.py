@@ -309,13 +309,19 @@ def _is_compiling() -> bool:
 PARALLEL_LIVE_NAMES = ("tp_rank", "tp_group", "world_rank", "world_size")
 
 
-def _parallel_names() -> tuple[frozenset[str], frozenset[str]]:
-    """(config leaves, derived widths) of the parallel namespace."""
-    from sglang.srt.server_args import server_args_derived, server_args_namespaces
+_PARALLEL_NAMES: tuple[frozenset[str], frozenset[str]] | None = None
 
-    leaves = {n for n, p in server_args_namespaces().items() if p == "parallel"}
-    derived = {n for n, (p, _) in server_args_derived().items() if p == "parallel"}
-    return frozenset(leaves), frozenset(derived)
+
+def _parallel_names() -> tuple[frozenset[str], frozenset[str]]:
+    """(config leaves, derived widths) of the parallel namespace; computed once."""
+    global _PARALLEL_NAMES
+    if _PARALLEL_NAMES is None:
+        from sglang.srt.server_args import server_args_derived, server_args_namespaces
+
+        leaves = {n for n, p in server_args_namespaces().items() if p == "parallel"}
+        derived = {n for n, (p, _) in server_args_derived().items() if p == "parallel"}
+        _PARALLEL_NAMES = (frozenset(leaves), frozenset(derived))
+    return _PARALLEL_NAMES
 
 
 def _live_parallel(name: str) -> Any:
@@ -860,6 +866,8 @@ def reset_context() -> None:
     _CTX.forward.reset()
     _CTX.parallel._overrides.clear()
     _CTX.parallel.clear_stamp()
+    _CTX.audit.mode = "off"  # re-read from SGLANG_ROLE_NAMESPACES at the next publish
+    _CTX.audit.pairs.clear()
 
 
 # A hub-style id: resolution accepts it without touching the disk.

@@ -161,6 +161,18 @@ def resolve_grammar_backend(c: Any) -> Resolved:
     return "grammar_backend_default", {"grammar_backend": "xgrammar"}
 
 
+def resolve_from_env(c: Any) -> Resolved:
+    """SGLANG_NUM_THREADS fills an unset --num-threads; SGLANG_LOG_LEVEL wins over --log-level."""
+    from sglang.srt.environ import envs
+
+    out: dict[str, Any] = {}
+    if c.num_threads is None and envs.SGLANG_NUM_THREADS.is_set():
+        out["num_threads"] = envs.SGLANG_NUM_THREADS.get()
+    if envs.SGLANG_LOG_LEVEL.is_set():
+        out["log_level"] = envs.SGLANG_LOG_LEVEL.get()
+    return ("environment", out) if out else None
+
+
 def _draft_model_path(c: Any) -> dict[str, Any]:
     if c.speculative_algorithm not in DRAFT_MODEL_ALGORITHMS:
         return {}
@@ -207,5 +219,6 @@ RESOLVERS: tuple[Resolver, ...] = (
     resolve_mem_fraction_static,
     resolve_random_seed,
     resolve_grammar_backend,
+    resolve_from_env,
     resolve_speculative,
 )

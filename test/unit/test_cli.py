@@ -1,0 +1,74 @@
+"""The launcher CLI generated from the fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from sglang.srt.server_args import (
+    ServerArgs,
+    build_parser,
+    prepare_server_args,
+    server_args_namespaces,
+    to_cli_args,
+)
+
+
+def test_round_trip_argv_server_args_argv():
+    argv = [
+        "--model-path", "org/model",
+        "--tp-size", "2",
+        "--enable-metrics",
+        "--mem-fraction-static", "0.5",
+        "--lora-paths", "a=/x", "b=/y",
+        "--attention-backend", "torch_native",
+        "--speculative-algorithm", "NGRAM",
+        "--watchdog-timeout", "12.5",
+    ]  # fmt: skip
+    sa = prepare_server_args(argv)
+    assert sa.tp_size == 2 and sa.enable_metrics and sa.lora_paths == ["a=/x", "b=/y"]
+    assert not sa.is_resolved
+    again = prepare_server_args(to_cli_args(sa))
+    assert again == sa
+    assert sorted(to_cli_args(again)) == sorted(argv)
+
+
+def test_defaults_match_the_dataclass():
+    assert prepare_server_args([]) == ServerArgs()
+
+
+def test_every_field_has_a_flag_with_help():
+    parser = build_parser()
+    flags = {a.dest: a for a in parser._actions}
+    for f in dataclasses.fields(ServerArgs):
+        assert f.name in flags, f.name
+        assert flags[f.name].help, f.name
+
+
+def test_flags_grouped_by_namespace():
+    parser = build_parser()
+    titles = {g.title for g in parser._action_groups}
+    for path in set(server_args_namespaces().values()):
+        assert f"{path} options" in titles
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--no-such-flag"], ["--tp-size", "two"], ["--schedule-policy", "lifo"], ["--tp-size", "0"]],
+)
+def test_bad_flags_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        prepare_server_args(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_help_exits_0_and_lists_groups():
+    code = "from sglang.srt.server_args import prepare_server_args; prepare_server_args(['--help'])"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0
+    assert "parallel options" in proc.stdout and "--tp-size" in proc.stdout
+    assert "exec.kernel options" in proc.stdout

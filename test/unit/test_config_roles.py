@@ -1,0 +1,95 @@
+"""Roles: SGLANG_ROLE_NAMESPACES=off|record|enforce over ROLE_NAMESPACE_SETS."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang.srt.runtime_context import (
+    ROLE_NAMESPACE_SETS,
+    get_context,
+    get_device,
+    get_exec,
+    get_model,
+    get_parallel,
+    publish,
+    reset_context,
+)
+from sglang.srt.server_args import ServerArgs
+
+
+@pytest.fixture(autouse=True)
+def clean_context(monkeypatch):
+    reset_context()
+    yield
+    monkeypatch.delenv("SGLANG_ROLE_NAMESPACES", raising=False)
+    publish_as("test")  # re-reads the mode: back to off
+    reset_context()
+
+
+def publish_as(role: str) -> None:
+    publish(ServerArgs(model_path="org/model", device="cpu"), role=role)
+
+
+def test_roles_listed():
+    assert {"tokenizer", "scheduler", "detokenizer", "dp_controller", "test"} <= set(
+        ROLE_NAMESPACE_SETS
+    )
+    assert ROLE_NAMESPACE_SETS["scheduler"] is None
+
+
+def test_enforce_raises_outside_the_role_set(monkeypatch):
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES", "enforce")
+    publish_as("dp_controller")
+    assert get_exec().random_seed is not None
+    assert get_device().device == "cpu"
+    assert get_parallel().tp_size == 1
+    with pytest.raises(PermissionError, match="ROLE_NAMESPACE_SETS"):
+        get_model()
+
+
+def test_enforce_lets_full_roles_read_everything(monkeypatch):
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES", "enforce")
+    publish_as("scheduler")
+    assert get_model().model_path == "org/model"
+
+
+def test_enforce_fails_an_unlisted_role_at_publish(monkeypatch):
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES", "enforce")
+    with pytest.raises(ValueError, match="ROLE_NAMESPACE_SETS"):
+        publish_as("mystery")
+
+
+def test_record_appends_role_namespace_lines(monkeypatch, tmp_path):
+    out = tmp_path / "pairs.txt"
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES", "record")
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES_OUT", str(out))
+    publish_as("detokenizer")
+    get_model()
+    get_model()
+    get_exec()
+    assert out.read_text().splitlines() == [
+        "detokenizer -",
+        "detokenizer model",
+        "detokenizer exec",
+    ]
+
+
+def test_record_does_not_enforce(monkeypatch, tmp_path):
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES", "record")
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES_OUT", str(tmp_path / "o.txt"))
+    publish_as("dp_controller")
+    assert get_model().model_path == "org/model"
+    assert ("dp_controller", "model") in get_context().audit.pairs
+
+
+def test_off_does_no_bookkeeping(monkeypatch):
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES", "off")
+    publish_as("dp_controller")
+    get_model()
+    assert get_context().audit.pairs == set()
+
+
+def test_typo_in_mode_raises_loudly(monkeypatch):
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES", "enforced")
+    with pytest.raises(ValueError, match="SGLANG_ROLE_NAMESPACES"):
+        publish_as("scheduler")

@@ -1,0 +1,230 @@
+"""ServerArgs: composition, resolution, validation, derive, late resolution, pickling."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from sglang.srt.runtime_context import get_context, publish, reset_context
+from sglang.srt.server_args import (
+    ServerArgs,
+    declare_late_resolution,
+    resolution_result,
+    resolution_sources,
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_context():
+    reset_context()
+    yield
+    reset_context()
+
+
+def cpu_args(**fields) -> ServerArgs:
+    return ServerArgs(**{"model_path": "org/model", "device": "cpu", **fields})
+
+
+def write_checkpoint(tmp_path, **config) -> str:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def test_cpu_defaults_are_declared_not_written():
+    sa = cpu_args().resolve_once()
+    assert sa.chunked_prefill_size is None  # the record keeps the operator's input
+    assert resolution_result(sa, "chunked_prefill_size") == 2048
+    assert resolution_result(sa, "attention_backend") == "torch_native"
+    assert resolution_result(sa, "sampling_backend") == "pytorch"
+    assert resolution_result(sa, "mem_fraction_static") == 0.3
+    assert resolution_result(sa, "grammar_backend") == "xgrammar"
+    assert resolution_result(sa, "tokenizer_path") == "org/model"
+    assert resolution_result(sa, "served_model_name") == "org/model"
+    assert isinstance(resolution_result(sa, "random_seed"), int)
+    assert resolution_sources(sa, "chunked_prefill_size") == ["chunked_prefill_by_device"]
+
+
+def test_explicit_values_win():
+    sa = cpu_args(chunked_prefill_size=-1, random_seed=7, dtype="bfloat16").resolve_once()
+    assert resolution_result(sa, "chunked_prefill_size") == -1
+    assert resolution_result(sa, "random_seed") == 7
+    assert resolution_result(sa, "dtype") == "bfloat16"
+
+
+def test_context_length_and_dtype_from_config_json(tmp_path):
+    path = write_checkpoint(tmp_path, max_position_embeddings=512, dtype="bfloat16")
+    sa = cpu_args(model_path=path).resolve_once()
+    assert resolution_result(sa, "context_length") == 512
+    assert resolution_result(sa, "dtype") == "float32"  # half on cpu runs float32
+
+
+def test_text_config_and_torch_dtype(tmp_path):
+    path = write_checkpoint(
+        tmp_path, text_config={"max_position_embeddings": 64}, torch_dtype="float32"
+    )
+    sa = cpu_args(model_path=path).resolve_once()
+    assert resolution_result(sa, "context_length") == 64
+    assert resolution_result(sa, "dtype") == "float32"
+
+
+def test_cuda_keeps_half_dtype_and_sizes(tmp_path):
+    path = write_checkpoint(tmp_path, max_position_embeddings=8, dtype="bfloat16")
+    sa = ServerArgs(model_path=path, device="cuda").resolve_once()
+    assert resolution_result(sa, "dtype") == "bfloat16"
+    assert resolution_result(sa, "chunked_prefill_size") == 8192
+    assert resolution_result(sa, "mem_fraction_static") == 0.85
+
+
+def test_hub_id_leaves_context_length_unresolved():
+    assert resolution_result(cpu_args().resolve_once(), "context_length") is None
+
+
+def test_missing_local_model_path_names_the_field(tmp_path):
+    with pytest.raises(ValueError, match="model_path"):
+        cpu_args(model_path=str(tmp_path / "nope")).resolve_once()
+
+
+def test_no_model_path_without_demo_names_the_field(monkeypatch):
+    import sglang.demo_models as demo
+
+    monkeypatch.setattr(demo, "demo_target_path", lambda: None)
+    with pytest.raises(ValueError, match="model_path"):
+        ServerArgs(device="cpu").resolve_once()
+
+
+def test_no_model_path_serves_demo(monkeypatch, tmp_path):
+    import sglang.demo_models as demo
+
+    write_checkpoint(tmp_path, max_position_embeddings=32)
+    monkeypatch.setattr(demo, "demo_target_path", lambda: tmp_path)
+    sa = ServerArgs(device="cpu").resolve_once()
+    assert resolution_result(sa, "model_path") == str(tmp_path)
+    assert resolution_result(sa, "context_length") == 32
+
+
+@pytest.mark.parametrize(
+    "fields, name",
+    [
+        ({"tp_size": 0}, "tp_size"),
+        ({"attention_backend": "magic"}, "attention_backend"),
+        ({"schedule_policy": "lifo"}, "schedule_policy"),
+        ({"page_size": 0}, "page_size"),
+        ({"port": 70000}, "port"),
+        ({"mem_fraction_static": 1.5}, "mem_fraction_static"),
+        ({"chunked_prefill_size": 0}, "chunked_prefill_size"),
+        ({"attention_backend": "flashinfer"}, "attention_backend"),
+        ({"tp_size": 2, "ep_size": 3}, "ep_size"),
+        ({"speculative_algorithm": "MEDUSA"}, "speculative_algorithm"),
+    ],
+)
+def test_validation_names_field(fields, name):
+    with pytest.raises(ValueError, match=name):
+        cpu_args(**fields).resolve_once()
+
+
+def test_failed_resolution_leaves_record_unresolved():
+    sa = cpu_args(tp_size=0)
+    with pytest.raises(ValueError):
+        sa.resolve_once()
+    assert not sa.is_resolved
+    sa.tp_size = 1  # still an input record: fixable
+    assert sa.resolve_once().is_resolved
+
+
+def test_resolved_record_refuses_assignment():
+    sa = cpu_args().resolve_once()
+    with pytest.raises(AttributeError, match="tp_size"):
+        sa.tp_size = 2
+
+
+def test_published_instance_refuses_assignment():
+    sa = cpu_args()
+    publish(sa, role="test")
+    with pytest.raises(AttributeError, match="port"):
+        sa.port = 1
+
+
+def test_receiver_survives_derive():
+    sa = cpu_args().resolve_once()
+    variant = sa.derive("draft", context_length=128, load_format="dummy")
+    assert resolution_result(variant, "context_length") == 128
+    assert resolution_result(sa, "context_length") is None
+    assert resolution_result(sa, "load_format") == "auto"
+    assert resolution_sources(variant, "context_length") == ["draft"]
+
+
+def test_derive_does_not_publish_and_leaves_bags():
+    sa = cpu_args()
+    publish(sa, role="test")
+    variant = sa.derive("other", page_size=16)
+    assert get_context().server_args is sa
+    assert get_context().config_leaf("page_size") == 1
+    declare_late_resolution(variant, "ok_on_unpublished_variant", tool_call_parser="x")
+
+
+def test_derive_rejects_unknown_and_invalid_fields():
+    sa = cpu_args().resolve_once()
+    with pytest.raises(ValueError, match="nope"):
+        sa.derive("x", nope=1)
+    with pytest.raises(ValueError, match="page_size"):
+        sa.derive("x", page_size=0)
+
+
+def test_derive_on_unresolved_record_sets_inputs():
+    variant = cpu_args().derive("x", port=1234)
+    assert variant.port == 1234 and not variant.is_resolved
+
+
+def test_declare_late_resolution_before_publish_only():
+    sa = cpu_args().resolve_once()
+    declare_late_resolution(sa, "chat_template_detect", reasoning_parser="qwen3")
+    assert resolution_result(sa, "reasoning_parser") == "qwen3"
+    publish(sa, role="test")
+    assert get_context().config_leaf("reasoning_parser") == "qwen3"
+    with pytest.raises(ValueError, match="published"):
+        declare_late_resolution(sa, "too_late", tool_call_parser="x")
+
+
+def test_declare_late_resolution_needs_resolution():
+    with pytest.raises(ValueError, match="resolve"):
+        declare_late_resolution(cpu_args(), "x", reasoning_parser="y")
+
+
+def test_pickle_keeps_stash_and_freeze():
+    sa = cpu_args(tp_size=2).resolve_once()
+    declare_late_resolution(sa, "late", tool_call_parser="llama3")
+    clone = pickle.loads(pickle.dumps(sa))
+    assert clone.is_resolved
+    assert clone.resolved_dict() == sa.resolved_dict()
+    assert resolution_sources(clone, "tool_call_parser") == ["late"]
+    with pytest.raises(AttributeError):
+        clone.tp_size = 4
+
+
+def test_resolve_once_is_idempotent():
+    sa = cpu_args().resolve_once()
+    seed = resolution_result(sa, "random_seed")
+    assert sa.resolve_once() is sa
+    assert resolution_result(sa, "random_seed") == seed
+
+
+def test_fields_are_keyword_only():
+    with pytest.raises(TypeError):
+        ServerArgs("org/model")  # type: ignore[misc]
+
+
+def test_speculative_defaults():
+    sa = cpu_args(speculative_algorithm="NGRAM", speculative_num_steps=5).resolve_once()
+    assert resolution_result(sa, "speculative_num_draft_tokens") == 6
+    assert resolution_result(sa, "speculative_draft_attention_backend") == "torch_native"
+    assert resolution_result(sa, "speculative_draft_load_format") == "auto"
+
+
+def test_env_fills_num_threads_and_log_level(monkeypatch):
+    monkeypatch.setenv("SGLANG_NUM_THREADS", "3")
+    monkeypatch.setenv("SGLANG_LOG_LEVEL", "debug")
+    sa = cpu_args().resolve_once()
+    assert resolution_result(sa, "num_threads") == 3
+    assert resolution_result(sa, "log_level") == "debug"
