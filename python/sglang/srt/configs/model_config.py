@@ -1,0 +1,171 @@
+"""ModelConfig: the facts the runtime needs from a checkpoint's config.json.
+
+Reads both the transformers-4 layout found on most hub checkpoints
+(`rope_theta`, `rope_scaling`, `torch_dtype`) and the transformers-5 layout
+(`rope_parameters`, `dtype`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sglang.srt.model_loader.weight_utils import resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+_CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
+
+
+class ModelConfig:
+    def __init__(
+        self,
+        model_path: str,
+        context_length: int | None = None,
+        dtype: str | torch.dtype = "auto",
+        revision: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        self.model_path = str(resolve_model_path(model_path, revision))
+        self.revision = revision
+        self.raw = _read_json(Path(self.model_path) / "config.json")
+        self.hf_config = _load_hf_config(self.model_path, self.raw, trust_remote_code)
+        self._init_shape()
+        self._init_rope()
+        self.dtype = _resolve_dtype(dtype, self.raw)
+        self.context_len = _context_len(self.raw, context_length)
+        self.eos_token_ids = _eos_token_ids(Path(self.model_path), self.raw)
+
+    @classmethod
+    def from_server_args(cls) -> ModelConfig:
+        """Build from the published `model` bag."""
+        from sglang.srt.runtime_context import get_model
+
+        bag = get_model()
+        return cls(
+            bag.model_path,
+            context_length=bag.context_length,
+            dtype=bag.dtype,
+            revision=getattr(bag, "revision", None),
+            trust_remote_code=getattr(bag, "trust_remote_code", False),
+        )
+
+    def _init_shape(self) -> None:
+        raw = self.raw
+        archs = raw.get("architectures") or []
+        self.architectures: list[str] = list(archs)
+        self.architecture: str = archs[0] if archs else ""
+        self.model_type: str = raw.get("model_type", "")
+        self.vocab_size: int = int(raw["vocab_size"])
+        self.hidden_size: int = int(raw["hidden_size"])
+        self.intermediate_size: int = int(raw.get("intermediate_size", 4 * self.hidden_size))
+        self.num_hidden_layers: int = int(raw["num_hidden_layers"])
+        self.num_attention_heads: int = int(raw["num_attention_heads"])
+        self.num_key_value_heads: int = int(
+            raw.get("num_key_value_heads") or self.num_attention_heads
+        )
+        self.head_dim: int = int(
+            raw.get("head_dim") or self.hidden_size // self.num_attention_heads
+        )
+        self.rms_norm_eps: float = float(raw.get("rms_norm_eps", 1e-6))
+        self.hidden_act: str = raw.get("hidden_act", "silu")
+        self.tie_word_embeddings: bool = bool(raw.get("tie_word_embeddings", False))
+        self.attention_bias: bool = bool(raw.get("attention_bias", False))
+        self.max_position_embeddings: int = int(raw.get("max_position_embeddings", 2048))
+
+    def _init_rope(self) -> None:
+        """rope_theta + rope_scaling (None for plain rope), from either layout."""
+        raw = self.raw
+        params = dict(raw.get("rope_parameters") or {})
+        scaling = raw.get("rope_scaling") or None
+        self.rope_theta: float = float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
+        if scaling is None and params.get("rope_type", "default") != "default":
+            scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        if scaling is not None:
+            scaling = dict(scaling)
+            scaling.setdefault("rope_type", scaling.get("type", "default"))
+            if scaling["rope_type"] == "default":
+                scaling = None
+        self.rope_scaling: dict[str, Any] | None = scaling
+        self.partial_rotary_factor: float = float(
+            raw.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0
+        )
+
+    def get_num_kv_heads(self, tp_size: int) -> int:
+        """KV heads held by one TP rank (replicated when there are fewer than ranks)."""
+        return max(1, self.num_key_value_heads // tp_size)
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelConfig({self.architecture}, layers={self.num_hidden_layers}, "
+            f"hidden={self.hidden_size}, heads={self.num_attention_heads}/"
+            f"{self.num_key_value_heads}, head_dim={self.head_dim}, dtype={self.dtype}, "
+            f"context_len={self.context_len})"
+        )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"model config not found: {path}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"cannot parse {path}: {e}") from e
+
+
+def _load_hf_config(model_path: str, raw: dict[str, Any], trust_remote_code: bool):
+    """The transformers config object; a plain PretrainedConfig for unknown model types."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    try:
+        return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError, OSError) as e:
+        logger.warning("AutoConfig could not read %s (%s); using the raw dict", model_path, e)
+        return PretrainedConfig(**raw)
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, raw: dict[str, Any]) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+        return _DTYPES.get(str(name).replace("torch.", ""), torch.float32)
+    if dtype not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; choose auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def _context_len(raw: dict[str, Any], override: int | None) -> int:
+    derived = next((int(raw[k]) for k in _CONTEXT_KEYS if raw.get(k)), 2048)
+    if override is None:
+        return derived
+    if override > derived:
+        logger.warning("context_length %d exceeds the model's %d", override, derived)
+    return int(override)
+
+
+def _eos_token_ids(model_dir: Path, raw: dict[str, Any]) -> set[int]:
+    """EOS ids from config.json and generation_config.json (either may be int or list)."""
+    ids: set[int] = set()
+    sources = [raw]
+    gen_path = model_dir / "generation_config.json"
+    if gen_path.is_file():
+        sources.append(_read_json(gen_path))
+    for src in sources:
+        eos = src.get("eos_token_id")
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list):
+            ids.update(int(i) for i in eos)
+    return ids

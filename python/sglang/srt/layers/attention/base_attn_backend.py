@@ -1,0 +1,67 @@
+"""The attention backend interface (a plugin seam).
+
+A backend runs the attention of every layer of one forward over the paged KV
+pool. Per forward, the runner calls `init_forward_metadata(forward_batch)` once
+before `model.forward`; each attention layer then calls `forward(...)`, which
+writes the step's new K/V into the pool at `forward_batch.out_cache_loc` and
+attends over each request's slots from `req_to_token`.
+
+The caller must hold: a ForwardBatch whose `req_to_token` rows are written for
+every position in [0, seq_len) of every request (the scheduler's job), and
+`out_cache_loc` slots the allocator handed out for this step. The backend
+mutates only the KV pool (at `out_cache_loc`) and its own metadata.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+class AttentionBackend:
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        """Build the per-forward metadata (index tensors, masks) shared by all layers."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        """q: [T, Hq * D]; k, v: [T, Hkv * D] -> [T, Hq * D]."""
+        if forward_batch.forward_mode.is_decode():
+            return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        """New tokens attend to their cached prefix and causally to each other."""
+        raise NotImplementedError
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        """One new token per request attends to all of its request's tokens."""
+        raise NotImplementedError
+
+
+SUPPORTED_ATTENTION_BACKENDS = ("torch_native",)
+
+
+def create_attention_backend(name: str | None, runner) -> AttentionBackend:
+    """The backend named `name` (None = torch_native) for a ModelRunner."""
+    name = name or "torch_native"
+    if name == "torch_native":
+        from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+        return TorchNativeAttnBackend(runner)
+    raise ValueError(
+        f"unsupported attention backend {name!r}; supported: "
+        f"{', '.join(SUPPORTED_ATTENTION_BACKENDS)}"
+    )

@@ -1,0 +1,172 @@
+"""Attention with torch's scaled_dot_product_attention over the paged KV pool.
+
+Works on any device. A ragged batch is padded to a dense [bs, heads, len, dim]
+layout with a boolean mask; all index tensors and masks are built once per
+forward in `init_forward_metadata`, so a layer costs a KV write, one gather
+and one SDPA call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+@dataclass
+class _DecodeMetadata:
+    kv_indices: torch.Tensor  # int64[bs, max_seq_len]; padding -> slot 0
+    mask: torch.Tensor | None  # bool[bs, 1, 1, max_seq_len]; None when all lengths agree
+
+
+@dataclass
+class _ExtendMetadata:
+    bs: int
+    max_extend_len: int
+    pad_index: torch.Tensor | None  # int64[num_tokens]: row in the [bs * max_ext] layout
+    kv_indices: torch.Tensor | None  # int64[bs, max_seq_len]; None when nothing is cached
+    mask: torch.Tensor | None  # bool[bs, 1, max_ext, kv_len]; None = plain causal
+    use_causal: bool  # no mask: plain causal over equal-length, prefix-free requests
+
+
+class TorchNativeAttnBackend(AttentionBackend):
+    def __init__(self, runner) -> None:
+        self.device = runner.device
+        self.metadata: _DecodeMetadata | _ExtendMetadata | None = None
+
+    # -- per forward --------------------------------------------------------------------
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        if forward_batch.forward_mode.is_decode():
+            self.metadata = self._decode_metadata(forward_batch)
+        else:
+            self.metadata = self._extend_metadata(forward_batch)
+
+    def _kv_indices(self, fb: ForwardBatch, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot ids int64[bs, max_len] with padding -> 0, valid bool[bs, max_len])."""
+        table = fb.req_to_token_pool.req_to_token
+        idx = table[fb.req_pool_indices, :max_len].to(torch.int64)
+        valid = torch.arange(max_len, device=idx.device).unsqueeze(0) < fb.seq_lens.unsqueeze(1)
+        return idx.masked_fill(~valid, 0), valid
+
+    def _decode_metadata(self, fb: ForwardBatch) -> _DecodeMetadata:
+        max_len = max(fb.seq_lens_cpu)
+        idx, valid = self._kv_indices(fb, max_len)
+        uniform = min(fb.seq_lens_cpu) == max_len
+        return _DecodeMetadata(idx, None if uniform else valid[:, None, None, :])
+
+    def _extend_metadata(self, fb: ForwardBatch) -> _ExtendMetadata:
+        ext, pre = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu
+        bs, max_ext = len(ext), max(ext)
+        uniform = min(ext) == max_ext
+        pad_index = None if uniform else _pad_index(ext, max_ext, self.device)
+        if not any(pre):
+            mask = None if uniform else _causal_mask([0] * bs, ext, max_ext, max_ext, self.device)
+            return _ExtendMetadata(bs, max_ext, pad_index, None, mask, uniform)
+        max_seq = max(fb.seq_lens_cpu)
+        idx, _ = self._kv_indices(fb, max_seq)
+        mask = _causal_mask(pre, ext, max_ext, max_seq, self.device)
+        return _ExtendMetadata(bs, max_ext, pad_index, idx, mask, False)
+
+    # -- per layer ----------------------------------------------------------------------
+
+    def forward_decode(
+        self,
+        q,
+        k,
+        v,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        md: _DecodeMetadata = self.metadata
+        pool = forward_batch.token_to_kv_pool
+        bs, hq, hkv, d = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
+        if save_kv_cache:
+            pool.set_kv_buffer(
+                layer.layer_id, forward_batch.out_cache_loc, k.view(bs, hkv, d), v.view(bs, hkv, d)
+            )
+        kv = pool.get_kv_buffer(layer.layer_id)[md.kv_indices]  # [bs, S, 2, Hkv, D]
+        keys = kv[:, :, 0].transpose(1, 2)  # [bs, Hkv, S, D]
+        values = kv[:, :, 1].transpose(1, 2)
+        # the query heads sharing a KV head become rows: [bs, Hkv, Hq / Hkv, D]
+        qg = q.view(bs, hkv, hq // hkv, d)
+        out = F.scaled_dot_product_attention(
+            qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=md.mask, scale=layer.scaling
+        )
+        return out.reshape(bs, hq * d)
+
+    def forward_extend(
+        self,
+        q,
+        k,
+        v,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        md: _ExtendMetadata = self.metadata
+        pool = forward_batch.token_to_kv_pool
+        t, hq, hkv, d = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
+        k, v = k.view(t, hkv, d), v.view(t, hkv, d)
+        if save_kv_cache:
+            pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        qp = self._pad(q.view(t, hq, d), md)  # [bs, Hq, max_ext, D]
+        if md.kv_indices is None:  # nothing cached: attend over the new tokens only
+            keys, values = self._pad(k, md), self._pad(v, md)
+        else:
+            kv = pool.get_kv_buffer(layer.layer_id)[md.kv_indices]  # [bs, S, 2, Hkv, D]
+            keys = kv[:, :, 0].transpose(1, 2).to(q.dtype)
+            values = kv[:, :, 1].transpose(1, 2).to(q.dtype)
+        out = F.scaled_dot_product_attention(
+            qp,
+            keys,
+            values,
+            attn_mask=md.mask,
+            is_causal=md.use_causal,
+            scale=layer.scaling,
+            enable_gqa=hq != hkv,
+        )  # [bs, Hq, max_ext, D]
+        return self._unpad(out, md, hq * d)
+
+    @staticmethod
+    def _pad(x: torch.Tensor, md: _ExtendMetadata) -> torch.Tensor:
+        """[T, H, D] -> [bs, H, max_ext, D] (zeros in padded rows)."""
+        _, h, d = x.shape
+        if md.pad_index is None:
+            return x.view(md.bs, md.max_extend_len, h, d).transpose(1, 2)
+        padded = x.new_zeros(md.bs * md.max_extend_len, h, d)
+        padded[md.pad_index] = x
+        return padded.view(md.bs, md.max_extend_len, h, d).transpose(1, 2)
+
+    @staticmethod
+    def _unpad(out: torch.Tensor, md: _ExtendMetadata, width: int) -> torch.Tensor:
+        """[bs, H, max_ext, D] -> [T, H * D]."""
+        flat = out.transpose(1, 2).reshape(md.bs * md.max_extend_len, width)
+        return flat if md.pad_index is None else flat[md.pad_index]
+
+
+def _pad_index(ext: list[int], max_ext: int, device) -> torch.Tensor:
+    """int64[sum(ext)]: for each new token, its row b * max_ext + i in the padded layout."""
+    ext_t = torch.tensor(ext, dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(ext)) * max_ext, ext_t)
+    starts = torch.repeat_interleave(torch.cumsum(ext_t, 0) - ext_t, ext_t)
+    return (rows + torch.arange(int(ext_t.sum())) - starts).to(device)
+
+
+def _causal_mask(pre: list[int], ext: list[int], max_ext: int, kv_len: int, device) -> torch.Tensor:
+    """bool[bs, 1, max_ext, kv_len]: query i of request b sees keys j <= prefix + i, j < seq."""
+    pre_t = torch.tensor(pre, dtype=torch.int64, device=device)
+    seq_t = pre_t + torch.tensor(ext, dtype=torch.int64, device=device)
+    q_pos = pre_t.unsqueeze(1) + torch.arange(max_ext, device=device)  # [bs, max_ext]
+    k_pos = torch.arange(kv_len, device=device).view(1, 1, kv_len)
+    mask = (k_pos <= q_pos.unsqueeze(2)) & (k_pos < seq_t.view(-1, 1, 1))
+    return mask.unsqueeze(1)

@@ -1,0 +1,151 @@
+"""Tensor-parallel linear layers.
+
+Each parameter carries a `weight_loader(param, loaded_weight, shard_id=None)`
+that copies this rank's shard of a checkpoint tensor into it; stacked layers
+(qkv, gate_up) take a `shard_id` naming the sub-matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def tensor_parallel_all_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
+    """Sum `x` over the TP group; a no-op at tp_size 1 (no process group needed)."""
+    if tp_size == 1:
+        return x
+    from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
+
+    return tensor_model_parallel_all_reduce(x)
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(
+            f"shape mismatch for {what}: model {tuple(param.shape)}, "
+            f"checkpoint {tuple(loaded.shape)}"
+        )
+    param.data.copy_(loaded)
+
+
+class LinearBase(nn.Module):
+    def __init__(self, tp_rank: int = 0, tp_size: int = 1) -> None:
+        super().__init__()
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+
+    def _attach(self, param: nn.Parameter, loader) -> nn.Parameter:
+        param.weight_loader = loader
+        return param
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, **tp) -> None:
+        super().__init__(**tp)
+        self.weight = self._attach(_param(output_size, input_size), self.weight_loader)
+        self.bias = self._attach(_param(output_size), self.weight_loader) if bias else None
+
+    def weight_loader(self, param, loaded, shard_id=None) -> None:
+        _copy_checked(param, loaded, "replicated linear")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(LinearBase):
+    """y = x W^T with W split along the output dim; each rank holds output_size/tp rows."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, **tp) -> None:
+        super().__init__(**tp)
+        assert output_size % self.tp_size == 0, (output_size, self.tp_size)
+        self.output_size_per_partition = output_size // self.tp_size
+        rows = self.output_size_per_partition
+        self.weight = self._attach(_param(rows, input_size), self.weight_loader)
+        self.bias = self._attach(_param(rows), self.weight_loader) if bias else None
+
+    def weight_loader(self, param, loaded, shard_id=None) -> None:
+        rows = param.shape[0]
+        _copy_checked(param, loaded.narrow(0, self.tp_rank * rows, rows), "column linear")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel matrices stacked on the output dim (e.g. gate_up)."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, **tp):
+        super().__init__(input_size, sum(output_sizes), bias, **tp)
+        self.output_sizes = output_sizes
+
+    def weight_loader(self, param, loaded, shard_id=None) -> None:
+        assert shard_id is not None, "merged linear needs a shard id"
+        tp = self.tp_size
+        size = self.output_sizes[shard_id] // tp
+        offset = sum(self.output_sizes[:shard_id]) // tp
+        shard = loaded.narrow(0, self.tp_rank * size, size)
+        _copy_checked(param.data.narrow(0, offset, size), shard, f"merged shard {shard_id}")
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections stacked; KV heads are replicated when fewer than ranks."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool = False,
+        **tp,
+    ) -> None:
+        tp_size = tp.get("tp_size", 1)
+        self.head_dim = head_dim
+        self.num_heads = num_heads // tp_size
+        self.num_kv_heads = max(1, num_kv_heads // tp_size)
+        self.kv_replicas = max(1, tp_size // num_kv_heads)
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp_size
+        super().__init__(hidden_size, out, bias, **tp)
+
+    def _shard_layout(self, shard_id: str) -> tuple[int, int, int]:
+        """(offset in the param, rows, first row in the checkpoint tensor) of a shard."""
+        q_rows, kv_rows = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if shard_id == "q":
+            return 0, q_rows, self.tp_rank * q_rows
+        kv_start = (self.tp_rank // self.kv_replicas) * kv_rows
+        offset = q_rows if shard_id == "k" else q_rows + kv_rows
+        return offset, kv_rows, kv_start
+
+    def weight_loader(self, param, loaded, shard_id=None) -> None:
+        assert shard_id in ("q", "k", "v"), shard_id
+        offset, rows, start = self._shard_layout(shard_id)
+        shard = loaded.narrow(0, start, rows)
+        _copy_checked(param.data.narrow(0, offset, rows), shard, f"qkv shard {shard_id}")
+
+
+class RowParallelLinear(LinearBase):
+    """y = x W^T with W split along the input dim; partial sums are all-reduced."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, **tp) -> None:
+        super().__init__(**tp)
+        assert input_size % self.tp_size == 0, (input_size, self.tp_size)
+        cols = input_size // self.tp_size
+        self.weight = self._attach(_param(output_size, cols), self.weight_loader)
+        self.bias = self._attach(_param(output_size), self._bias_loader) if bias else None
+
+    def weight_loader(self, param, loaded, shard_id=None) -> None:
+        cols = param.shape[1]
+        _copy_checked(param, loaded.narrow(1, self.tp_rank * cols, cols), "row linear")
+
+    def _bias_loader(self, param, loaded, shard_id=None) -> None:
+        _copy_checked(param, loaded, "row linear bias")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = tensor_parallel_all_reduce(F.linear(x, self.weight), self.tp_size)
+        return out if self.bias is None else out + self.bias

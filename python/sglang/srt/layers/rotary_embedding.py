@@ -1,0 +1,110 @@
+"""Rotary position embedding (neox layout, as HF Llama/Qwen apply it) and its scalings."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(
+        self,
+        head_dim: int,
+        rotary_dim: int,
+        max_position: int,
+        base: float,
+        scaling: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.rotary_dim = rotary_dim
+        inv_freq, positions = _scaled_inv_freq(rotary_dim, max_position, base, scaling)
+        freqs = torch.outer(positions, inv_freq)  # float32[max_len, rotary_dim / 2]
+        self.register_buffer("cos_cache", freqs.cos(), persistent=False)
+        self.register_buffer("sin_cache", freqs.sin(), persistent=False)
+        self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        """[T, 1, rotary_dim / 2] each; reused by every layer of one forward."""
+        last = self._last
+        if last is not None and last[0] is positions:
+            return last[1], last[2]
+        cos = self.cos_cache[positions].unsqueeze(1).to(dtype)
+        sin = self.sin_cache[positions].unsqueeze(1).to(dtype)
+        self._last = (positions, cos, sin)
+        return cos, sin
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """positions: int64[T]; q: [T, Hq * D]; k: [T, Hkv * D] -> rotated (q, k)."""
+        cos, sin = self._cos_sin(positions, q.dtype)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.view(shape[0], -1, self.head_dim)  # [T, H, D]
+        half = self.rotary_dim // 2
+        x1, x2 = x[..., :half], x[..., half : self.rotary_dim]
+        rotated = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+        if self.rotary_dim < self.head_dim:
+            rotated.append(x[..., self.rotary_dim :])
+        return torch.cat(rotated, dim=-1).view(shape)
+
+
+def _base_inv_freq(dim: int, base: float) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _scaled_inv_freq(dim: int, max_position: int, base: float, scaling: dict[str, Any] | None):
+    """(inv_freq float32[dim / 2], positions float32[max_len]) for the scaling type."""
+    rope_type = (scaling or {}).get("rope_type", "default")
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope scaling {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    positions = torch.arange(max_position, dtype=torch.float32)
+    if rope_type == "default":
+        return _base_inv_freq(dim, base), positions
+    factor = float(scaling["factor"])
+    if rope_type == "linear":
+        return _base_inv_freq(dim, base), positions / factor
+    if rope_type == "dynamic":
+        return _dynamic_ntk(dim, base, factor, scaling, max_position)
+    return _llama3_inv_freq(dim, base, factor, scaling), positions
+
+
+def _dynamic_ntk(dim, base, factor, scaling, max_position):
+    """NTK-aware base for a cache of original_max * factor positions (as SGLang builds it)."""
+    original = int(scaling.get("original_max_position_embeddings") or max_position)
+    max_len = max(max_position, int(original * factor))
+    scaled_base = base * ((factor * max_len / original) - (factor - 1)) ** (dim / (dim - 2))
+    return _base_inv_freq(dim, scaled_base), torch.arange(max_len, dtype=torch.float32)
+
+
+def _llama3_inv_freq(dim: int, base: float, factor: float, scaling: dict[str, Any]):
+    inv_freq = _base_inv_freq(dim, base)
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def get_rope(
+    head_dim: int,
+    max_position: int,
+    base: float,
+    scaling: dict[str, Any] | None = None,
+    partial_rotary_factor: float = 1.0,
+) -> RotaryEmbedding:
+    rotary_dim = int(head_dim * partial_rotary_factor)
+    return RotaryEmbedding(head_dim, rotary_dim, max_position, base, scaling)

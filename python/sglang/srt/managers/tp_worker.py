@@ -1,0 +1,127 @@
+"""TpModelWorker: the scheduler's handle on one TP rank's model execution.
+
+The scheduler builds a `ModelWorkerBatch` (plain data) and gets back a
+`GenerationBatchResult` (plain Python lists); tensors stay on this side.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.sampler import SampleOutput
+from sglang.srt.model_executor.forward_batch_info import (
+    ForwardBatch,
+    GenerationBatchResult,
+    ModelWorkerBatch,
+)
+from sglang.srt.model_executor.model_runner import ModelRunner, RunnerSettings
+
+logger = logging.getLogger(__name__)
+
+
+class TpModelWorker:
+    def __init__(
+        self,
+        model_config: ModelConfig | None = None,
+        *,
+        tp_rank: int = 0,
+        is_draft_worker: bool = False,
+        context_length: int | None = None,
+        load_format: str | None = None,
+        attention_backend: str | None = None,
+        settings: RunnerSettings | None = None,
+    ) -> None:
+        """`model_config` None = ModelConfig.from_server_args(); the rest from the bags."""
+        self.model_config = model_config or ModelConfig.from_server_args()
+        self.tp_rank = tp_rank
+        self.is_draft_worker = is_draft_worker
+        self.model_runner = ModelRunner(
+            self.model_config,
+            tp_rank=tp_rank,
+            is_draft_worker=is_draft_worker,
+            context_length=context_length,
+            load_format=load_format,
+            attention_backend=attention_backend,
+            settings=settings,
+        )
+
+    # -- facts the scheduler sizes itself by ---------------------------------------------
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        return self.model_runner.max_total_num_tokens
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.model_runner.max_running_requests
+
+    @property
+    def req_to_token_pool(self):
+        return self.model_runner.req_to_token_pool
+
+    @property
+    def token_to_kv_pool_allocator(self):
+        return self.model_runner.token_to_kv_pool_allocator
+
+    @property
+    def context_len(self) -> int:
+        return self.model_runner.context_len
+
+    @property
+    def device(self) -> torch.device:
+        return self.model_runner.device
+
+    def get_worker_info(self) -> dict:
+        return {
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "max_running_requests": self.max_running_requests,
+            "context_len": self.context_len,
+            "vocab_size": self.model_config.vocab_size,
+            "eos_token_ids": sorted(self.model_config.eos_token_ids),
+            "device": str(self.device),
+        }
+
+    # -- forward -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        """Run one step and sample one token per request."""
+        if batch.forward_mode.is_idle() or batch.batch_size == 0:
+            return GenerationBatchResult(next_token_ids=[])
+        forward_batch = ForwardBatch.init_new(batch, self.model_runner)
+        logits_output = self.model_runner.forward(forward_batch)
+        sample = self.model_runner.sample(logits_output, forward_batch)
+        return _to_result(sample, logits_output, batch.return_logprob)
+
+    @torch.inference_mode()
+    def forward_batch_logits(self, batch: ModelWorkerBatch) -> LogitsProcessorOutput:
+        """Run one step and return the logits without sampling (tests, scoring)."""
+        forward_batch = ForwardBatch.init_new(batch, self.model_runner)
+        return self.model_runner.forward(forward_batch)
+
+    def update_weights_from_disk(
+        self, model_path: str, load_format: str | None = None
+    ) -> tuple[bool, str]:
+        try:
+            self.model_runner.update_weights_from_disk(model_path, load_format)
+        except Exception as e:  # any failure leaves the old weights in place
+            logger.warning("update_weights_from_disk(%s) failed: %s", model_path, e)
+            return False, f"failed to update weights from {model_path}: {e}"
+        self.model_config = self.model_runner.model_config
+        return True, f"updated weights from {model_path}"
+
+
+def _to_result(
+    sample: SampleOutput, logits_output: LogitsProcessorOutput, return_logprob: bool
+) -> GenerationBatchResult:
+    result = GenerationBatchResult(next_token_ids=sample.next_token_ids.tolist())
+    if return_logprob:
+        result.next_token_logprobs = sample.logprobs.tolist()
+        result.next_token_top_logprobs = sample.top_logprobs
+        result.input_token_logprobs = logits_output.input_token_logprobs
+        result.input_top_logprobs = logits_output.input_top_logprobs
+    return result

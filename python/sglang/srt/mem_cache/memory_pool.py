@@ -1,0 +1,101 @@
+"""Request-to-token table and the token-slot KV pool.
+
+Slot 0 of the KV pool is reserved as a padding slot: the allocator never hands
+it out, and attention reads it for padded key positions (it stays zero).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """`req_to_token[req_idx, pos]` = KV slot of a request's token at position `pos`.
+
+    The scheduler owns the rows: it allocates a row per running request, writes
+    the slots of each new token before the forward that computes them, and frees
+    the row when the request finishes. The model only reads it.
+    """
+
+    def __init__(self, size: int, max_context_len: int, device: torch.device | str) -> None:
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = device
+        # int32[size, max_context_len]
+        self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int32, device=device)
+        self.free_slots: list[int] = list(range(size))
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, need_size: int) -> list[int] | None:
+        if need_size > len(self.free_slots):
+            return None
+        taken, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
+        return taken
+
+    def free(self, free_index: int | list[int]) -> None:
+        if isinstance(free_index, int):
+            self.free_slots.append(free_index)
+        else:
+            self.free_slots.extend(free_index)
+
+    def write(self, indices, values: torch.Tensor) -> None:
+        """indices: (req_idx, slice-or-index) into req_to_token; values: slot ids."""
+        self.req_to_token[indices] = values.to(self.device, torch.int32)
+
+    def clear(self) -> None:
+        self.free_slots = list(range(self.size))
+
+
+class MHATokenToKVPool:
+    """Per-layer K and V for every token slot: `[num_slots, num_kv_heads, head_dim]` each.
+
+    Storage is one tensor per layer of shape [num_slots, 2, num_kv_heads, head_dim]
+    (K at [:, 0], V at [:, 1]) so attention gathers K and V with one index op.
+    `set_kv_buffer` writes slots; the caller (the attention backend during a
+    forward) must only write slots the scheduler allocated for this step.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: torch.device | str,
+        page_size: int = 1,
+    ) -> None:
+        self.size = size  # usable slots; page 0 (slot 0 on) is padding: size + page_size rows
+        self.dtype = dtype
+        self.head_num, self.head_dim, self.layer_num = head_num, head_dim, layer_num
+        self.device = device
+        self.kv_buffer = [
+            torch.empty(size + page_size, 2, head_num, head_dim, dtype=dtype, device=device)
+            for _ in range(layer_num)
+        ]
+        for buf in self.kv_buffer:
+            buf[0].zero_()
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.kv_buffer[layer_id][:, 0]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.kv_buffer[layer_id][:, 1]
+
+    def get_kv_buffer(self, layer_id: int) -> torch.Tensor:
+        """[num_slots + 1, 2, num_kv_heads, head_dim]."""
+        return self.kv_buffer[layer_id]
+
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """loc: int64[T]; k, v: [T, num_kv_heads, head_dim]."""
+        buf = self.kv_buffer[layer_id]
+        buf[loc, 0] = k.to(self.dtype)
+        buf[loc, 1] = v.to(self.dtype)
+
+    @staticmethod
+    def bytes_per_token(dtype: torch.dtype, head_num: int, head_dim: int, layer_num: int) -> int:
+        return 2 * head_num * head_dim * layer_num * torch.finfo(dtype).bits // 8

@@ -1,0 +1,245 @@
+"""ModelRunner: owns the model, the KV memory and the attention backend of one runner.
+
+Per-runner facts (draft or target, context length, load format, attention
+backend) are constructor arguments; everything else comes from the published
+config bags, read once in `RunnerSettings.from_bags`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.attention.base_attn_backend import create_attention_backend
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.sampler import SampleOutput, Sampler
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_loader.loader import get_model
+
+logger = logging.getLogger(__name__)
+
+_KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_MAX_RUNNING_REQUESTS_CAP = 2048
+_REQ_TABLE_BUDGET = 0.1  # share of the KV budget the req_to_token table may take
+
+
+@dataclass
+class RunnerSettings:
+    """The config a ModelRunner reads, gathered from the bags in one place."""
+
+    device: str
+    attention_backend: str | None
+    load_format: str
+    page_size: int = 1
+    max_total_tokens: int | None = None
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    num_threads: int | None = None
+    random_seed: int | None = None
+    kv_cache_dtype: str = "auto"
+    tp_size: int = 1
+
+    @classmethod
+    def from_bags(cls) -> RunnerSettings:
+        from sglang.srt.runtime_context import (
+            get_device,
+            get_exec,
+            get_memory,
+            get_model,
+            get_parallel,
+            get_schedule,
+        )
+
+        exec_, memory = get_exec(), get_memory()
+        return cls(
+            device=str(get_device().device),
+            attention_backend=exec_.kernel.attention_backend,
+            load_format=get_model().load_format,
+            page_size=memory.page_size,
+            max_total_tokens=memory.max_total_tokens,
+            mem_fraction_static=memory.mem_fraction_static,
+            max_running_requests=get_schedule().max_running_requests,
+            num_threads=exec_.features.num_threads,
+            random_seed=exec_.random_seed,
+            kv_cache_dtype=exec_.kernel.kv_cache_dtype,
+            tp_size=get_parallel().tp_size,
+        )
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        *,
+        tp_rank: int = 0,
+        is_draft_worker: bool = False,
+        context_length: int | None = None,
+        load_format: str | None = None,
+        attention_backend: str | None = None,
+        settings: RunnerSettings | None = None,
+    ) -> None:
+        self.settings = settings or RunnerSettings.from_bags()
+        self.model_config = model_config
+        self.is_draft_worker = is_draft_worker
+        self.tp_rank, self.tp_size = tp_rank, self.settings.tp_size
+        self.device = torch.device(self.settings.device)
+        self.context_len = context_length or model_config.context_len
+        self.load_format = load_format or self.settings.load_format
+        self.attention_backend_name = attention_backend or self.settings.attention_backend
+        self.page_size = self.settings.page_size
+        self._init_torch()
+        self.model = self._load_model(model_config.model_path, self.load_format)
+        self._init_memory_pool()
+        self.attn_backend = create_attention_backend(self.attention_backend_name, self)
+        self.sampler = Sampler()
+
+    def _init_torch(self) -> None:
+        if self.settings.num_threads:
+            torch.set_num_threads(self.settings.num_threads)
+        if self.settings.random_seed is not None:
+            torch.manual_seed(self.settings.random_seed)
+
+    def _load_model(self, model_path: str, load_format: str) -> torch.nn.Module:
+        model = get_model(
+            self.model_config,
+            self.device,
+            load_format,
+            self.tp_rank,
+            self.tp_size,
+            model_path=model_path,
+        )
+        logger.info("loaded %s (%s) on %s", model_path, self.model_config.architecture, self.device)
+        return model
+
+    # -- memory -------------------------------------------------------------------------
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        name = self.settings.kv_cache_dtype
+        if name in (None, "auto"):
+            return self.model_config.dtype
+        if name not in _KV_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype {name!r} is not supported by "
+                f"{self.attention_backend_name}; use auto, {', '.join(_KV_DTYPES)}"
+            )
+        return _KV_DTYPES[name]
+
+    def _init_memory_pool(self) -> None:
+        cfg = self.model_config
+        kv_heads = cfg.get_num_kv_heads(self.tp_size)
+        per_token = MHATokenToKVPool.bytes_per_token(
+            self.kv_cache_dtype, kv_heads, cfg.head_dim, cfg.num_hidden_layers
+        )
+        self.max_total_num_tokens = self._pool_size(per_token)
+        self.max_running_requests = self._max_running_requests(per_token)
+        self.req_to_token_pool = ReqToTokenPool(
+            self.max_running_requests, self.context_len + 4, self.device
+        )
+        self.token_to_kv_pool = MHATokenToKVPool(
+            self.max_total_num_tokens,
+            self.kv_cache_dtype,
+            kv_heads,
+            cfg.head_dim,
+            cfg.num_hidden_layers,
+            self.device,
+            page_size=self.page_size,
+        )
+        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
+            self.max_total_num_tokens, self.page_size, self.device
+        )
+        logger.info(
+            "KV pool: %d tokens (%.1f MB), %d request slots",
+            self.max_total_num_tokens,
+            self.max_total_num_tokens * per_token / 2**20,
+            self.max_running_requests,
+        )
+
+    def _pool_size(self, bytes_per_token: int) -> int:
+        if self.settings.max_total_tokens:
+            size = int(self.settings.max_total_tokens)
+        else:
+            size = int(self._kv_budget_bytes() // bytes_per_token)
+        size -= size % self.page_size
+        if size < max(self.page_size, 16):
+            raise RuntimeError(
+                f"not enough memory for the KV cache ({size} tokens); raise "
+                "--mem-fraction-static or set --max-total-tokens"
+            )
+        return size
+
+    def _kv_budget_bytes(self) -> float:
+        """mem_fraction_static of the memory left after loading the weights."""
+        fraction = self.settings.mem_fraction_static
+        if fraction is None:
+            fraction = 0.3 if self.device.type == "cpu" else 0.85
+        return fraction * available_memory_bytes(self.device)
+
+    def _max_running_requests(self, bytes_per_token: int) -> int:
+        if self.settings.max_running_requests:
+            return int(self.settings.max_running_requests)
+        row_bytes = (self.context_len + 4) * 4  # one int32 row of req_to_token
+        table_cap = int(
+            self.max_total_num_tokens * bytes_per_token * _REQ_TABLE_BUDGET // row_bytes
+        )
+        by_tokens = self.max_total_num_tokens // 2
+        return max(1, min(_MAX_RUNNING_REQUESTS_CAP, by_tokens, max(table_cap, 32)))
+
+    # -- forward ------------------------------------------------------------------------
+
+    def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        """Run the model on a batch whose attention metadata is built (ForwardBatch.init_new)."""
+        return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+    def sample(
+        self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch
+    ) -> SampleOutput:
+        return self.sampler(
+            logits_output.next_token_logits,
+            forward_batch.sampling_info,
+            forward_batch.return_logprob,
+            forward_batch.top_logprobs_nums,
+        )
+
+    def update_weights_from_disk(self, model_path: str, load_format: str | None = None) -> None:
+        """Replace the weights with those at `model_path` (same architecture and shapes).
+
+        The new model is built fully before it replaces the old one, so a failure
+        leaves the running weights untouched. Raises on any mismatch.
+        """
+        new_config = ModelConfig(
+            model_path, context_length=self.context_len, dtype=self.model_config.dtype
+        )
+        _check_same_shape(self.model_config, new_config)
+        self.model = self._load_model(new_config.model_path, load_format or "auto")
+        self.model_config = new_config
+
+
+def _check_same_shape(old: ModelConfig, new: ModelConfig) -> None:
+    keys = (
+        "architecture",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+    )
+    diff = [k for k in keys if getattr(old, k) != getattr(new, k)]
+    if diff:
+        raise ValueError(f"new weights differ from the running model in: {', '.join(diff)}")
+
+
+def available_memory_bytes(device: torch.device) -> float:
+    """Free memory on `device`: free GPU memory, or available RAM on CPU."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return float(free)
+    import psutil
+
+    return float(psutil.virtual_memory().available)

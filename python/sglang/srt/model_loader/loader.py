@@ -1,0 +1,90 @@
+"""Build a model for a ModelConfig and fill its weights (from files, or random)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.model_loader.weight_utils import (
+    iterate_weights,
+    pt_files,
+    resolve_model_path,
+    safetensors_files,
+)
+from sglang.srt.models.registry import ModelRegistry
+
+logger = logging.getLogger(__name__)
+
+LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def build_model(
+    model_config: ModelConfig, device: torch.device | str, tp_rank: int = 0, tp_size: int = 1
+) -> nn.Module:
+    """An uninitialized model of the config's architecture, on `device`."""
+    model_cls = ModelRegistry.resolve(model_config.architectures)
+    with _default_dtype(model_config.dtype), torch.device(device):
+        model = model_cls(model_config, tp_rank=tp_rank, tp_size=tp_size)
+    return model.eval()
+
+
+def get_model(
+    model_config: ModelConfig,
+    device: torch.device | str,
+    load_format: str | None = "auto",
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    model_path: str | None = None,
+) -> nn.Module:
+    """Build the model and load its weights from `model_path` (default: the config's)."""
+    load_format = load_format or "auto"
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(
+            f"unsupported load format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}"
+        )
+    model = build_model(model_config, device, tp_rank, tp_size)
+    with torch.no_grad():
+        if load_format == "dummy":
+            init_dummy_weights(model)
+        else:
+            path = resolve_model_path(model_path or model_config.model_path)
+            model.load_weights(weight_iterator(path, load_format))
+    return model
+
+
+def weight_iterator(model_dir: Path, load_format: str = "auto"):
+    """(name, tensor) pairs of a checkpoint directory; auto prefers safetensors."""
+    if load_format in ("auto", "safetensors"):
+        try:
+            return iterate_weights(safetensors_files(model_dir), use_safetensors=True)
+        except FileNotFoundError:
+            if load_format == "safetensors":
+                raise
+    return iterate_weights(pt_files(model_dir), use_safetensors=False)
+
+
+def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights (norms stay at one) for `--load-format dummy`."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.data.fill_(1.0)
+            continue
+        values = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
+        param.data.copy_(values.to(param.dtype))

@@ -1,0 +1,56 @@
+"""Checkpoint tensor names -> model parameters (stacked qkv / gate_up, TP shards)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+# tensors a checkpoint may carry that no parameter corresponds to
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(
+            f"shape mismatch: model {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}"
+        )
+    param.data.copy_(loaded)
+
+
+def load_stacked_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    stacked_params_mapping: list[tuple[str, str, object]],
+    tied_embeddings: bool = False,
+) -> None:
+    """Load `weights` into `model`; raise naming any unknown tensor or unloaded parameter."""
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if name.endswith(_IGNORED_SUFFIXES) or (tied_embeddings and name == "lm_head.weight"):
+            continue
+        param_name, shard_id = _map_name(name, stacked_params_mapping)
+        if param_name not in params:
+            raise ValueError(f"checkpoint tensor {name!r} has no matching model parameter")
+        param = params[param_name]
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        try:
+            loader(param, tensor.to(param.dtype), shard_id)
+        except ValueError as e:
+            raise ValueError(f"cannot load checkpoint tensor {name!r}: {e}") from e
+        loaded.add(param_name)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(
+            f"checkpoint is missing weights for: {', '.join(missing[:8])}"
+            + (" ..." if len(missing) > 8 else "")
+        )
+
+
+def _map_name(name: str, mapping: list[tuple[str, str, object]]) -> tuple[str, object]:
+    for ckpt_part, param_part, shard_id in mapping:
+        if f".{ckpt_part}." in name:
+            return name.replace(f".{ckpt_part}.", f".{param_part}."), shard_id
+    return name, None

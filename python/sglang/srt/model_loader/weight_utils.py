@@ -1,0 +1,108 @@
+"""Finding a checkpoint (local dir or hub id) and iterating its tensors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.py"]
+
+
+def resolve_model_path(model_path: str, revision: str | None = None) -> Path:
+    """A local directory as is; otherwise a hub id downloaded into the HF cache.
+
+    Honours HF_HUB_OFFLINE (through huggingface_hub): offline, only the cache is
+    consulted and a miss is a clear error.
+    """
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or model_path.startswith((".", "/")) or model_path.count("/") > 1:
+        raise FileNotFoundError(f"model path {model_path!r} is not a directory")
+    return _snapshot_download(model_path, revision)
+
+
+def _snapshot_download(repo_id: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    try:
+        local = snapshot_download(repo_id, revision=revision, allow_patterns=_ALLOW_PATTERNS)
+    except HFValidationError as e:
+        raise FileNotFoundError(
+            f"model path {repo_id!r} is neither a directory nor a hub id"
+        ) from e
+    except Exception as e:  # network errors, 404s, cache misses when offline
+        hint = " (HF_HUB_OFFLINE is set and it is not in the local HF cache)" if offline else ""
+        raise FileNotFoundError(
+            f"cannot find model {repo_id!r}: not a local directory and the hub download "
+            f"failed{hint}: {type(e).__name__}: {e}"
+        ) from e
+    return Path(local)
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's safetensors files, from the sharded index when there is one."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} lists missing shard(s): {', '.join(missing)}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    return files
+
+
+def pt_files(model_dir: Path) -> list[Path]:
+    files = sorted(model_dir.glob("*.bin")) + sorted(model_dir.glob("*.pt"))
+    if not files:
+        raise FileNotFoundError(f"no *.bin / *.pt weight files in {model_dir}")
+    return files
+
+
+def iterate_weights(files: list[Path], use_safetensors: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) for every tensor in `files`; a progress bar over many files."""
+    progress = _progress(files)
+    for path in progress:
+        try:
+            yield from _read_file(path, use_safetensors)
+        except (OSError, RuntimeError, ValueError) as e:
+            if isinstance(e, _CheckpointError):
+                raise
+            raise _CheckpointError(f"cannot read weight file {path}: {e}") from e
+
+
+class _CheckpointError(RuntimeError):
+    pass
+
+
+def _read_file(path: Path, use_safetensors: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    if use_safetensors:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, f.get_tensor(name)
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        yield from state.items()
+
+
+def _progress(files: list[Path]):
+    if len(files) <= 1:
+        return files
+    from tqdm import tqdm
+
+    return tqdm(files, desc="Loading safetensors shards", unit="file")

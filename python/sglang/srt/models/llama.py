@@ -1,0 +1,181 @@
+"""Llama (and Mistral-style configs: same layout, GQA, optional explicit head_dim)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.rotary_embedding import get_rope
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_loader.weight_mapping import load_stacked_weights
+
+if TYPE_CHECKING:
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig, tp: dict[str, int]) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=False, **tp)
+        self.down_proj = RowParallelLinear(i, h, bias=False, **tp)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    qkv_bias = False  # Qwen2 sets True
+    qk_norm = False  # Qwen3 sets True
+
+    def __init__(self, config: ModelConfig, layer_id: int, tp: dict[str, int]) -> None:
+        super().__init__()
+        tp_size = tp["tp_size"]
+        self.head_dim = d = config.head_dim
+        self.num_heads = config.num_attention_heads // tp_size
+        self.num_kv_heads = config.get_num_kv_heads(tp_size)
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        bias = self.qkv_bias or config.attention_bias
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            d,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            bias=bias,
+            **tp,
+        )
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * d, config.hidden_size, bias=config.attention_bias, **tp
+        )
+        self.rotary_emb = get_rope(
+            d,
+            max(config.max_position_embeddings, config.context_len),
+            config.rope_theta,
+            config.rope_scaling,
+            config.partial_rotary_factor,
+        )
+        if self.qk_norm:
+            self.q_norm = RMSNorm(d, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, eps=config.rms_norm_eps)
+        self.attn = RadixAttention(self.num_heads, d, d**-0.5, self.num_kv_heads, layer_id)
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        """hidden_states: [T, H] -> [T, H]."""
+        qkv = self.qkv_proj(hidden_states)  # [T, (Hq + 2 Hkv) * D]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm:
+            q, k = self._norm_heads(q, self.q_norm), self._norm_heads(k, self.k_norm)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, forward_batch))
+
+    def _norm_heads(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        shape = x.shape
+        return norm(x.reshape(-1, self.head_dim)).view(shape)
+
+
+class LlamaDecoderLayer(nn.Module):
+    attention_cls = LlamaAttention
+
+    def __init__(self, config: ModelConfig, layer_id: int, tp: dict[str, int]) -> None:
+        super().__init__()
+        self.self_attn = self.attention_cls(config, layer_id, tp)
+        self.mlp = LlamaMLP(config, tp)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        forward_batch: ForwardBatch,
+        residual: torch.Tensor | None,
+    ):
+        """Returns (hidden_states, residual), both [T, H]; the add is fused into the norms."""
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, forward_batch)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    layer_cls = LlamaDecoderLayer
+
+    def __init__(self, config: ModelConfig, tp: dict[str, int]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, **tp)
+        self.layers = nn.ModuleList(
+            [self.layer_cls(config, i, tp) for i in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        """input_ids, positions: int64[T] -> hidden states [T, H]."""
+        hidden_states, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    model_cls = LlamaModel
+    # checkpoint name fragment -> (param name fragment, shard id)
+    stacked_params_mapping = [
+        ("q_proj", "qkv_proj", "q"),
+        ("k_proj", "qkv_proj", "k"),
+        ("v_proj", "qkv_proj", "v"),
+        ("gate_proj", "gate_up_proj", 0),
+        ("up_proj", "gate_up_proj", 1),
+    ]
+
+    def __init__(self, config: ModelConfig, tp_rank: int = 0, tp_size: int = 1) -> None:
+        super().__init__()
+        self.config = config
+        tp = {"tp_rank": tp_rank, "tp_size": tp_size}
+        self.model = self.model_cls(config, tp)
+        if config.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, **tp)
+        self.logits_processor = LogitsProcessor(config.vocab_size, tp_size)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> LogitsProcessorOutput:
+        hidden_states = self.model(input_ids, positions, forward_batch)
+        return self.logits_processor(hidden_states, self.lm_head, forward_batch)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors into the (stacked, TP-sharded) parameters."""
+        load_stacked_weights(
+            self,
+            weights,
+            self.stacked_params_mapping,
+            tied_embeddings=self.config.tie_word_embeddings,
+        )
+
+
+EntryClass = [LlamaForCausalLM]
+EntryClassAliases = {"MistralForCausalLM": LlamaForCausalLM}

@@ -1,0 +1,105 @@
+"""Build a tiny random-weight HF checkpoint (Llama / Qwen2 / Qwen3) for tests and demos.
+
+    python -m sglang.test.make_tiny_model --arch llama --out /tmp/tiny-llama
+
+Writes config.json, model.safetensors (float32, seeded), generation_config.json
+and the tokenizer files (a byte-level BPE trained on Python's own sources; the
+trained tokenizer is cached on disk so building several archs is quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import tempfile
+from pathlib import Path
+
+from sglang.test.corpus import EOS_TOKEN, PAD_TOKEN, save_tokenizer_files, train_tokenizer
+
+logger = logging.getLogger(__name__)
+
+ARCHS = ("llama", "qwen2", "qwen3")
+VOCAB_SIZE = 8192
+MAX_POSITIONS = 4096
+_SHAPE = dict(
+    hidden_size=256,
+    intermediate_size=688,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+_TOKENIZER_CACHE = Path(tempfile.gettempdir()) / "sglang_tiny_tokenizer"
+
+
+@functools.lru_cache(maxsize=2)
+def cached_tokenizer(vocab_size: int = VOCAB_SIZE):
+    """The trained tokenizer, trained once per machine (cached in the temp dir)."""
+    from tokenizers import Tokenizer
+
+    path = _TOKENIZER_CACHE / f"v1-{vocab_size}.json"
+    if path.is_file():
+        return Tokenizer.from_file(str(path))
+    tokenizer = train_tokenizer(vocab_size=vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{id(tokenizer)}")
+    tokenizer.save(str(tmp))
+    tmp.replace(path)  # atomic: concurrent builders never see a half-written file
+    return tokenizer
+
+
+def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
+    """A transformers config object for `arch` with the tiny shape."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        _SHAPE,
+        vocab_size=vocab_size,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        initializer_range=0.05,
+    )
+    if arch == "llama":
+        return LlamaConfig(**common, rope_theta=10000.0)
+    if arch == "qwen2":
+        return Qwen2Config(**common, rope_theta=1000000.0)
+    if arch == "qwen3":
+        # an explicit head_dim that differs from hidden_size / num_heads
+        return Qwen3Config(**common, head_dim=128, rope_theta=1000000.0)
+    raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
+
+
+def make_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """Write the checkpoint for `arch` into `out_dir`; returns the directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    out = Path(out_dir)
+    tokenizer = cached_tokenizer()
+    eos_id, pad_id = tokenizer.token_to_id(EOS_TOKEN), tokenizer.token_to_id(PAD_TOKEN)
+    config = make_config(arch, tokenizer.get_vocab_size(), eos_id, pad_id)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False).save_pretrained(out)
+    save_tokenizer_files(tokenizer, out, model_max_length=MAX_POSITIONS)
+    logger.info("wrote tiny %s checkpoint to %s", arch, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", choices=ARCHS, default="llama")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    make_tiny_model(args.arch, args.out, args.seed)
+
+
+if __name__ == "__main__":
+    main()
