@@ -1,0 +1,409 @@
+"""The HTTP server: a FastAPI app over one TokenizerManager, served by uvicorn on uvloop.
+
+`create_app(tokenizer_manager)` builds the app (routes, error bodies, the API key
+check, metrics) from the published `serving` and `observability` bags;
+`launch_server(server_args)` starts the runtime's processes, warms up, serves
+until SIGTERM/SIGINT (or a dead child), then stops the children.
+
+Server status (what `/health` answers):
+
+    starting -> ready           after a 1-token warmup generation succeeded
+    ready -> shutting_down      on SIGTERM / SIGINT
+    any -> dead                 when the scheduler (or another child) died
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hmac
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
+
+from sglang import __version__
+from sglang.srt.entrypoints.openai.errors import APIError, install_error_handlers
+from sglang.srt.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+)
+from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.serving_native import GenerateRequest, NativeServing
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.observability.metrics import ServerMetrics
+from sglang.srt.parser.chat_template import load_chat_template
+
+logger = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/health"})  # served without the API key
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+GRACEFUL_SHUTDOWN_S = 10.0  # in-flight requests get this long before they are aborted
+WATCH_INTERVAL_S = 1.0
+WARMUP_PROMPT = "The capital of France is"
+
+
+class ServerStatus(str, enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    SHUTTING_DOWN = "shutting_down"
+    DEAD = "dead"
+
+
+@dataclass
+class ServerState:
+    """Everything a route needs, hung on `app.state.server`."""
+
+    tokenizer_manager: Any
+    chat: OpenAIServingChat
+    completion: OpenAIServingCompletion
+    native: NativeServing
+    metrics: ServerMetrics | None = None
+    status: ServerStatus = ServerStatus.STARTING
+    exit_code: int = 0
+    background: set[asyncio.Task] = field(default_factory=set)
+
+    def is_healthy(self) -> bool:
+        return self.status is ServerStatus.READY and self.tokenizer_manager.is_alive()
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+# --- auth ----------------------------------------------------------------------------------
+
+
+class ApiKeyMiddleware:
+    """`Authorization: Bearer <key>` on every route but OPEN_PATHS; else 401."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        error = APIError(
+            "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
+            401,
+            code="invalid_api_key",
+        )
+        await error.response()(scope, receive, send)
+
+    def _authorized(self, scope: dict) -> bool:
+        headers = dict(scope.get("headers") or [])
+        return hmac.compare_digest(headers.get(b"authorization", b""), self._expected)
+
+
+# --- OpenAI and native generation routes ---------------------------------------------------
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
+    return await server_state(raw_request).chat.handle(request, raw_request)
+
+
+@router.post("/v1/completions")
+async def completions(request: CompletionRequest, raw_request: Request) -> Response:
+    return await server_state(raw_request).completion.handle(request, raw_request)
+
+
+@router.post("/generate")
+async def generate(request: GenerateRequest, raw_request: Request) -> Response:
+    return await server_state(raw_request).native.handle(request, raw_request)
+
+
+def _model_card(tokenizer_manager: Any) -> ModelCard:
+    return ModelCard(
+        id=tokenizer_manager.served_model_name,
+        root=str(tokenizer_manager.config_value("model_path")),
+        max_model_len=tokenizer_manager.context_len,
+    )
+
+
+@router.get("/v1/models")
+async def list_models(raw_request: Request) -> ModelList:
+    return ModelList(data=[_model_card(server_state(raw_request).tokenizer_manager)])
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, raw_request: Request) -> ModelCard:
+    card = _model_card(server_state(raw_request).tokenizer_manager)
+    if model_id != card.id:
+        raise APIError(f"The model `{model_id}` does not exist.", 404, param="model",
+                       code="model_not_found")  # fmt: skip
+    return card
+
+
+# --- health ---------------------------------------------------------------------------------
+
+
+@router.get("/health")
+async def health(raw_request: Request) -> Response:
+    state = server_state(raw_request)
+    status_code = 200 if state.is_healthy() else 503
+    return JSONResponse({"status": state.status.value}, status_code=status_code)
+
+
+async def generate_one_token(tokenizer_manager: Any, timeout_s: float) -> None:
+    """Raise unless a 1-token greedy generation finishes within `timeout_s`."""
+    obj = GenerateReqInput(
+        text=WARMUP_PROMPT, sampling_params={"max_new_tokens": 1, "temperature": 0.0}
+    )
+
+    async def run() -> None:
+        async for output in tokenizer_manager.generate_request(obj):
+            reason = output["meta_info"].get("finish_reason")
+            if reason is not None and reason.get("type") == "abort":
+                raise RuntimeError(reason.get("message", "generation aborted"))
+
+    try:
+        await asyncio.wait_for(run(), timeout_s)
+    except asyncio.TimeoutError:
+        tokenizer_manager.abort_request(obj.rid)
+        raise
+
+
+@router.get("/health_generate")
+async def health_generate(raw_request: Request) -> Response:
+    state = server_state(raw_request)
+    if state.status is not ServerStatus.READY:
+        return JSONResponse({"status": state.status.value}, status_code=503)
+    try:
+        await generate_one_token(state.tokenizer_manager, HEALTH_GENERATE_TIMEOUT_S)
+    except Exception as exc:
+        logger.warning("health_generate failed: %s", exc)
+        return JSONResponse({"status": "unhealthy", "message": str(exc)}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+# --- readback and control ------------------------------------------------------------------
+
+
+def model_info(tokenizer_manager: Any) -> dict[str, Any]:
+    tm = tokenizer_manager
+    return {
+        "model_path": tm.config_value("model_path"),
+        "tokenizer_path": tm.config_value("tokenizer_path"),
+        "load_format": tm.config_value("load_format"),
+        "served_model_name": tm.served_model_name,
+        "context_length": tm.context_len,
+        "is_generation": True,
+    }
+
+
+@router.get("/model_info")
+@router.get("/get_model_info")
+async def get_model_info(raw_request: Request) -> dict[str, Any]:
+    return model_info(server_state(raw_request).tokenizer_manager)
+
+
+@router.get("/server_info")
+@router.get("/get_server_info")
+async def get_server_info(raw_request: Request) -> dict[str, Any]:
+    state = server_state(raw_request)
+    info = dict(state.tokenizer_manager.resolved_config_dict())
+    info["internal_states"] = await state.tokenizer_manager.get_internal_state()
+    info["status"] = state.status.value
+    info["version"] = __version__
+    return info
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(raw_request: Request) -> Response:
+    if await server_state(raw_request).tokenizer_manager.flush_cache():
+        return PlainTextResponse("Cache flushed.\n")
+    raise APIError("Cache not flushed: requests are still running.", 400, code="cache_busy")
+
+
+class AbortRequestBody(BaseModel):
+    rid: str
+
+
+@router.post("/abort_request")
+async def abort_request(body: AbortRequestBody, raw_request: Request) -> dict[str, Any]:
+    server_state(raw_request).tokenizer_manager.abort_request(body.rid)
+    return {"success": True, "rid": body.rid}
+
+
+class UpdateWeightsBody(BaseModel):
+    model_path: str
+    load_format: str | None = None
+
+
+@router.post("/update_weights_from_disk")
+async def update_weights_from_disk(body: UpdateWeightsBody, raw_request: Request) -> Response:
+    tm = server_state(raw_request).tokenizer_manager
+    success, message = await tm.update_weights_from_disk(body.model_path, body.load_format)
+    payload = {"success": success, "message": message}
+    if not success:
+        return APIError(message, 400, param="model_path", code="update_failed").response()
+    logger.info("weights updated from %s", body.model_path)
+    return JSONResponse(payload)
+
+
+async def metrics_route(raw_request: Request) -> Response:
+    state = server_state(raw_request)
+    state.metrics.set_scheduler_states(await state.tokenizer_manager.get_internal_state())
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+# --- the app ---------------------------------------------------------------------------------
+
+
+def create_app(tokenizer_manager: Any) -> FastAPI:
+    """The app over `tokenizer_manager`; reads the published serving/observability bags."""
+    from sglang.srt.runtime_context import get_observability, get_serving
+
+    serving = get_serving()
+    metrics = ServerMetrics() if get_observability().enable_metrics else None
+    template = load_chat_template(serving.chat_template)
+    app = FastAPI(title="SGLang-compatible server", version=__version__)
+    app.state.server = ServerState(
+        tokenizer_manager=tokenizer_manager,
+        chat=OpenAIServingChat(tokenizer_manager, metrics, chat_template=template),
+        completion=OpenAIServingCompletion(tokenizer_manager, metrics),
+        native=NativeServing(tokenizer_manager, metrics),
+        metrics=metrics,
+    )
+    install_error_handlers(app)
+    app.include_router(router)
+    if metrics is not None:
+        app.add_api_route("/metrics", metrics_route, methods=["GET"])
+    if serving.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=serving.api_key)
+    return app
+
+
+# --- lifecycle ------------------------------------------------------------------------------
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, but a signal starts our bounded shutdown and is not re-raised after it,
+    so that the launcher can stop the children and exit 0."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.state.status is not ServerStatus.DEAD:
+            self.state.status = ServerStatus.SHUTTING_DOWN
+        logger.info("signal %d received: shutting down", sig)
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+
+def _server_url() -> str:
+    from sglang.srt.runtime_context import get_serving
+
+    host = get_serving().host
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"http://{shown}:{get_serving().port}"
+
+
+async def _wait_started(server: _Server) -> None:
+    while not server.started and not server.should_exit:
+        await asyncio.sleep(0.05)
+
+
+async def _warmup(server: _Server) -> None:
+    """Mark the server ready after one real generation (unless warmup is skipped)."""
+    from sglang.srt.runtime_context import get_serving
+
+    state = server.state
+    await _wait_started(server)
+    if server.should_exit:
+        return
+    if not get_serving().skip_server_warmup:
+        try:
+            await generate_one_token(state.tokenizer_manager, HEALTH_GENERATE_TIMEOUT_S * 3)
+        except Exception as exc:
+            logger.error("warmup generation failed: %s", exc)
+            _fail(server, "warmup failed")
+            return
+    if state.status is ServerStatus.STARTING:
+        state.status = ServerStatus.READY
+        logger.info("The server is fired up and ready to roll! URL: %s", _server_url())
+
+
+def _fail(server: _Server, why: str) -> None:
+    logger.error("shutting down: %s", why)
+    server.state.status = ServerStatus.DEAD
+    server.state.exit_code = 1
+    server.should_exit = True
+
+
+async def _watch_children(server: _Server) -> None:
+    """A dead scheduler makes /health 503 and takes the server down (exit 1)."""
+    while not server.should_exit:
+        await asyncio.sleep(WATCH_INTERVAL_S)
+        if not server.state.tokenizer_manager.is_alive():
+            _fail(server, "a runtime process died")
+            return
+
+
+async def serve_app(app: FastAPI) -> int:
+    """Serve `app` until a signal or a dead child; the exit code."""
+    from sglang.srt.runtime_context import get_observability, get_serving
+
+    config = uvicorn.Config(
+        app,
+        host=get_serving().host,
+        port=get_serving().port,
+        log_config=None,
+        log_level=get_observability().log_level,
+        access_log=get_observability().log_requests,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        loop="none",
+    )
+    server = _Server(config, app.state.server)
+    helpers = [asyncio.create_task(_warmup(server)), asyncio.create_task(_watch_children(server))]
+    try:
+        await server.serve()
+    finally:
+        for task in helpers:
+            task.cancel()
+    return server.state.exit_code
+
+
+def _run_event_loop(main: Any) -> int:
+    try:
+        import uvloop
+    except ImportError:  # no uvloop on this platform: the default loop serves too
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def stop_children(children: list[Any]) -> None:
+    from sglang.srt.utils import kill_process_tree
+
+    for child in children:
+        pid = getattr(child, "pid", None)
+        if pid is not None:
+            kill_process_tree(pid)
+        if hasattr(child, "join"):
+            child.join(timeout=5)
+
+
+def launch_server(server_args: Any) -> int:
+    """Start the runtime, serve HTTP until told to stop, stop the children; the exit code."""
+    from sglang.srt.entrypoints.engine import _launch_subprocesses
+
+    tokenizer_manager, children = _launch_subprocesses(server_args)
+    try:
+        app = create_app(tokenizer_manager)
+        return _run_event_loop(serve_app(app))
+    finally:
+        stop_children(children)

@@ -1,0 +1,106 @@
+"""OpenAI-style error bodies: `{"error": {"message", "type", "param", "code"}}`.
+
+Every error a user can cause is raised as an `APIError` (or a pydantic / HTTP error
+that the handlers below translate) and answered with that body; the server keeps
+serving.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sglang.srt.entrypoints.openai.protocol import ErrorBody, ErrorResponse
+
+logger = logging.getLogger(__name__)
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    """An error answered to the client with an OpenAI-style body."""
+
+    def __init__(
+        self,
+        message: str,
+        status_code: int = 400,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        err_type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.param = param
+        self.code = code
+        self.err_type = err_type or _TYPE_BY_STATUS.get(status_code, "server_error")
+
+    def body(self) -> dict:
+        error = ErrorBody(
+            message=self.message, type=self.err_type, param=self.param, code=self.code
+        )
+        return ErrorResponse(error=error).model_dump()
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status_code)
+
+    def sse_bytes(self) -> bytes:
+        return b"data: " + orjson.dumps(self.body()) + b"\n\n"
+
+
+def unsupported_structured_output(param: str) -> APIError:
+    return APIError("structured output not supported yet", 400, param=param, code="unsupported")
+
+
+def from_validation_error(exc: RequestValidationError) -> APIError:
+    """The first pydantic error, named by its JSON path (the `body` prefix dropped)."""
+    errors = exc.errors()
+    if not errors:
+        return APIError("invalid request")
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if first.get("type") == "json_invalid":
+        return APIError(f"malformed JSON body: {first.get('msg', '')}", code="invalid_json")
+    param = ".".join(loc) or None
+    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    return APIError(message, param=param, code="invalid_value")
+
+
+async def _api_error_handler(_: Request, exc: APIError) -> JSONResponse:
+    return exc.response()
+
+
+async def _validation_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
+    return from_validation_error(exc).response()
+
+
+async def _http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    phrase = HTTPStatus(exc.status_code).phrase
+    message = exc.detail if isinstance(exc.detail, str) else phrase
+    return APIError(message, exc.status_code).response()
+
+
+async def _unexpected_handler(_: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error in request")
+    return APIError(f"internal error: {exc}", 500, err_type="server_error").response()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error_handler)
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_error_handler)
+    app.add_exception_handler(Exception, _unexpected_handler)

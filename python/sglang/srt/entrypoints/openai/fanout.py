@@ -1,0 +1,170 @@
+"""Run several single-prompt generations concurrently and merge their outputs.
+
+The TokenizerManager serves one prompt with n = 1 per `generate_request` call, so
+a request with `n > 1` or a list of prompts becomes one call per choice. A
+`ChoiceFanout` starts those calls, forwards their cumulative outputs tagged with
+the choice index, and guarantees that every unfinished choice is aborted when the
+consumer stops early (client disconnect, error, cancellation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sglang.srt.entrypoints.openai.errors import APIError
+
+if TYPE_CHECKING:
+    from fastapi import Request
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.observability.metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away; its choices have been aborted."""
+
+
+@dataclass
+class ChoiceEvent:
+    index: int
+    output: dict[str, Any] | None = None  # cumulative {"text", "output_ids", "meta_info"}
+    error: BaseException | None = None
+    disconnected: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.output is not None and self.output["meta_info"].get("finish_reason") is not None
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """Map what `generate_request` raises to a client-facing error."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValueError):
+        message = str(exc)
+        code = "context_length_exceeded" if "context" in message.lower() else "invalid_value"
+        return APIError(message, 400, code=code)
+    return APIError(f"generation failed: {exc}", 503, err_type="service_unavailable_error")
+
+
+class ChoiceFanout:
+    """One `generate_request` per choice; events come out in arrival order."""
+
+    def __init__(
+        self,
+        tokenizer_manager: Any,
+        objs: list[GenerateReqInput],
+        metrics: ServerMetrics | None = None,
+        request: Request | None = None,
+    ) -> None:
+        self._tm = tokenizer_manager
+        self._objs = objs
+        self._metrics = metrics
+        self._request = request
+        self._queue: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
+        self._buffer: list[ChoiceEvent] = []
+        self._finished: set[int] = set()
+        self._tasks: list[asyncio.Task] = []
+        self._closed = False
+
+    @property
+    def num_choices(self) -> int:
+        return len(self._objs)
+
+    async def __aenter__(self) -> ChoiceFanout:
+        self._tasks = [asyncio.create_task(self._pump(i, obj)) for i, obj in enumerate(self._objs)]
+        if self._request is not None:
+            self._tasks.append(asyncio.create_task(self._watch_disconnect()))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def prime(self) -> None:
+        """Wait for every choice's first output; raise APIError for a rejected input.
+
+        Priming lets a streaming route answer a bad prompt with a plain 400 before
+        it commits to a 200 event stream.
+        """
+        started: set[int] = set()
+        while len(started) < self.num_choices:
+            event = await self._queue.get()
+            self._buffer.append(event)
+            self._raise_if_failed(event)
+            started.add(event.index)
+
+    async def events(self) -> AsyncIterator[ChoiceEvent]:
+        """Outputs until every choice finished; raises on an error or a disconnect."""
+        pending, self._buffer = self._buffer, []
+        for event in pending:
+            self._note(event)
+            yield event
+        while len(self._finished) < self.num_choices:
+            event = await self._queue.get()
+            self._raise_if_failed(event)
+            self._note(event)
+            yield event
+
+    async def collect(self) -> list[dict[str, Any]]:
+        """The final output of every choice, by index."""
+        final: dict[int, dict[str, Any]] = {}
+        async for event in self.events():
+            final[event.index] = event.output
+        return [final[i] for i in range(self.num_choices)]
+
+    def close(self) -> None:
+        """Abort every unfinished choice and stop the helper tasks (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for index, obj in enumerate(self._objs):
+            if index not in self._finished:
+                self._tm.abort_request(obj.rid)
+        for task in self._tasks:
+            task.cancel()
+
+    def _note(self, event: ChoiceEvent) -> None:
+        if event.finished:
+            self._finished.add(event.index)
+
+    def _raise_if_failed(self, event: ChoiceEvent) -> None:
+        if event.disconnected:
+            self.close()
+            raise ClientDisconnected()
+        if event.error is not None:
+            self.close()
+            raise to_api_error(event.error)
+
+    async def _pump(self, index: int, obj: GenerateReqInput) -> None:
+        tracker = self._metrics.track() if self._metrics is not None else None
+        finished = False
+        try:
+            async for output in self._tm.generate_request(obj):
+                if tracker is not None:
+                    tracker.on_output(output)
+                event = ChoiceEvent(index, output=output)
+                finished = event.finished
+                self._queue.put_nowait(event)
+            if not finished:
+                raise RuntimeError("generation ended without a finish reason")
+        except asyncio.CancelledError:
+            if tracker is not None and not finished:
+                tracker.on_abort()
+            raise
+        except Exception as exc:  # forwarded to the consumer, which answers it
+            self._queue.put_nowait(ChoiceEvent(index, error=exc))
+
+    async def _watch_disconnect(self) -> None:
+        while True:
+            message = await self._request.receive()
+            if message["type"] == "http.disconnect":
+                break
+        logger.info("client disconnected; aborting %d choice(s)", self.num_choices)
+        self._queue.put_nowait(ChoiceEvent(-1, disconnected=True))
+        self.close()

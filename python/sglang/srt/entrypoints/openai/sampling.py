@@ -1,0 +1,66 @@
+"""From an OpenAI request's sampling fields to SGLang's `sampling_params` dict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang.srt.entrypoints.openai.errors import APIError, unsupported_structured_output
+from sglang.srt.entrypoints.openai.protocol import SamplingFields
+
+DEFAULT_TEMPERATURE = 1.0
+
+
+def reject_structured_output(request: SamplingFields) -> None:
+    """Structured output is declared in the schema but not served yet: answer 400."""
+    for name in ("regex", "json_schema", "ebnf"):
+        if getattr(request, name) is not None:
+            raise unsupported_structured_output(name)
+    if request.response_format is not None and request.response_format.type != "text":
+        raise unsupported_structured_output("response_format")
+
+
+def check_vocab_ids(request: SamplingFields, vocab_size: int | None) -> None:
+    if vocab_size is None:
+        return
+    for key in request.logit_bias or {}:
+        if not 0 <= int(key) < vocab_size:
+            raise APIError(f"logit_bias token id {key} is out of range", param="logit_bias")
+    for token_id in request.stop_token_ids or []:
+        if not 0 <= token_id < vocab_size:
+            raise APIError(f"stop token id {token_id} is out of range", param="stop_token_ids")
+
+
+def sampling_params(request: SamplingFields, max_new_tokens: int | None) -> dict[str, Any]:
+    """The per-choice sampling dict (n = 1: the serving layer fans out choices)."""
+    params: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "min_new_tokens": request.min_tokens,
+        "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "top_k": request.top_k,
+        "min_p": request.min_p,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "repetition_penalty": request.repetition_penalty,
+        "stop": request.stop,
+        "stop_token_ids": request.stop_token_ids,
+        "ignore_eos": request.ignore_eos,
+        "skip_special_tokens": request.skip_special_tokens,
+        "no_stop_trim": request.no_stop_trim,
+        "logit_bias": request.logit_bias,
+        "seed": request.seed,
+    }
+    return {key: value for key, value in params.items() if value is not None}
+
+
+def for_choice(params: dict[str, Any], choice_idx: int) -> dict[str, Any]:
+    """Choice j of a seeded request samples with seed + j, so n > 1 choices differ
+    yet the whole response is reproducible."""
+    if "seed" not in params or choice_idx == 0:
+        return params
+    return {**params, "seed": params["seed"] + choice_idx}
+
+
+def check_min_le_max(request: SamplingFields, max_new_tokens: int | None) -> None:
+    if max_new_tokens is not None and request.min_tokens > max_new_tokens:
+        raise APIError("min_tokens must not exceed max_tokens", param="min_tokens")

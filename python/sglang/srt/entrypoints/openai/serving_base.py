@@ -1,0 +1,159 @@
+"""The request flow shared by the OpenAI routes.
+
+validate -> build one `GenerateReqInput` per choice -> fan out -> either collect
+the final outputs into one JSON response, or prime the stream (so a rejected
+prompt is still a plain 400) and answer Server-Sent Events ending in `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+
+from sglang.srt.entrypoints.openai.errors import APIError
+from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
+from sglang.srt.entrypoints.openai.protocol import SamplingFields
+from sglang.srt.entrypoints.openai.sampling import reject_structured_output
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.observability.metrics import ServerMetrics
+
+SSE_DONE = b"data: [DONE]\n\n"
+CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request"; nobody reads it
+MODEL_ALIASES = ("default",)
+
+
+def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump(exclude_none=False)
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def choice_rids(request_id: str, user_rid: str | None, num_choices: int) -> list[str]:
+    """The TokenizerManager rid of each choice (`user_rid` kept when there is one choice)."""
+    if user_rid is not None and num_choices == 1:
+        return [user_rid]
+    base = user_rid or request_id
+    return [f"{base}-{i}" for i in range(num_choices)]
+
+
+async def open_stream(
+    fanout: ChoiceFanout, chunks: AsyncIterator[BaseModel | dict[str, Any]]
+) -> StreamingResponse:
+    """Start the fanout, wait for every choice's first output, then stream `chunks`.
+
+    Errors before the first output (a rejected prompt) raise here, as a plain HTTP
+    error; later ones become an SSE error event. The fanout is closed either way.
+    """
+    await fanout.__aenter__()
+    try:
+        await fanout.prime()
+    except BaseException:
+        fanout.close()
+        raise
+    return StreamingResponse(_sse(fanout, chunks), media_type="text/event-stream")
+
+
+async def _sse(
+    fanout: ChoiceFanout, chunks: AsyncIterator[BaseModel | dict[str, Any]]
+) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in chunks:
+            yield sse_event(chunk)
+    except ClientDisconnected:
+        return
+    except APIError as exc:
+        yield exc.sse_bytes()
+    finally:
+        fanout.close()
+    yield SSE_DONE
+
+
+@dataclass
+class Prepared:
+    """What a route built from the request before anything is queued."""
+
+    request_id: str
+    objs: list[GenerateReqInput]
+    n: int  # samples per prompt; choice k is sample k % n of prompt k // n
+    echo_texts: list[str] = field(default_factory=list)  # per prompt, when echoing
+
+
+class OpenAIServingBase(ABC):
+    def __init__(self, tokenizer_manager: Any, metrics: ServerMetrics | None = None) -> None:
+        self.tokenizer_manager = tokenizer_manager
+        self.metrics = metrics
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.tokenizer_manager.tokenizer
+
+    async def handle(self, request: SamplingFields, raw_request: Request | None) -> Response:
+        self.check_model(request.model)
+        reject_structured_output(request)
+        prepared = self.prepare(request)
+        fanout = ChoiceFanout(self.tokenizer_manager, prepared.objs, self.metrics, raw_request)
+        try:
+            if request.stream:
+                return await open_stream(fanout, self.stream_chunks(request, prepared, fanout))
+            async with fanout:
+                outputs = await fanout.collect()
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+        body = self.build_response(request, prepared, outputs)
+        return JSONResponse(body.model_dump())
+
+    def check_model(self, model: str) -> None:
+        served = self.tokenizer_manager.served_model_name
+        if model != served and model not in MODEL_ALIASES:
+            raise APIError(
+                f"The model `{model}` does not exist (this server serves `{served}`).",
+                404,
+                param="model",
+                code="model_not_found",
+            )
+
+    @abstractmethod
+    def prepare(self, request: Any) -> Prepared: ...
+
+    @abstractmethod
+    def build_response(
+        self, request: Any, prepared: Prepared, outputs: list[dict[str, Any]]
+    ) -> BaseModel: ...
+
+    @abstractmethod
+    def stream_chunks(
+        self, request: Any, prepared: Prepared, fanout: ChoiceFanout
+    ) -> AsyncIterator[BaseModel]: ...
+
+
+@dataclass
+class ChoiceStream:
+    """What one choice has already sent in a stream."""
+
+    text_len: int = 0
+    num_logprobs: int = 0
+    started: bool = False
+
+    def take_text(self, text: str) -> str:
+        delta = text[self.text_len :]
+        self.text_len = max(self.text_len, len(text))
+        return delta
+
+    def take_logprob_start(self, meta: dict[str, Any]) -> int:
+        start = self.num_logprobs
+        self.num_logprobs = len(meta.get("output_token_logprobs") or [])
+        return start

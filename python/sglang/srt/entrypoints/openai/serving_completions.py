@@ -1,0 +1,202 @@
+"""/v1/completions: prompts as text or token ids, echo, legacy logprobs.
+
+With `echo` and `logprobs`, the prompt's own logprobs come first (the first
+token's is None): the shape lm-evaluation-harness reads for loglikelihood, also
+with `max_tokens` 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sglang.srt.entrypoints.openai.errors import APIError
+from sglang.srt.entrypoints.openai.fanout import ChoiceFanout
+from sglang.srt.entrypoints.openai.logprobs import (
+    completion_logprobs,
+    merge_completion_logprobs,
+    output_slices,
+)
+from sglang.srt.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionStreamChoice,
+    CompletionStreamResponse,
+)
+from sglang.srt.entrypoints.openai.sampling import (
+    check_min_le_max,
+    check_vocab_ids,
+    for_choice,
+    sampling_params,
+)
+from sglang.srt.entrypoints.openai.serving_base import (
+    ChoiceStream,
+    OpenAIServingBase,
+    Prepared,
+    choice_rids,
+    new_request_id,
+)
+from sglang.srt.entrypoints.openai.usage import finish_reason_of, usage_of
+from sglang.srt.managers.io_struct import GenerateReqInput
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
+
+Prompt = str | list[int]
+
+
+def split_prompts(prompt: Any) -> list[Prompt]:
+    """A string, a list of strings, a list of ids or a list of id lists -> prompts."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError("prompt must not be empty", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    if any(isinstance(p, list) and not p for p in prompt):
+        raise APIError("a token-id prompt must not be empty", param="prompt")
+    return list(prompt)
+
+
+class OpenAIServingCompletion(OpenAIServingBase):
+    def prepare(self, request: CompletionRequest) -> Prepared:
+        self._reject_unsupported(request)
+        prompts = split_prompts(request.prompt)
+        self._check_token_ids(prompts)
+        max_new_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
+        check_min_le_max(request, max_new_tokens)
+        check_vocab_ids(request, self._vocab_size())
+        params = sampling_params(request, max_new_tokens)
+        request_id = new_request_id("cmpl")
+        rids = choice_rids(request_id, request.rid, len(prompts) * request.n)
+        objs = [
+            self._generate_input(request, prompts[k // request.n], for_choice(params, k % request.n), rid)
+            for k, rid in enumerate(rids)
+        ]  # fmt: skip
+        echo_texts = [self._prompt_text(p) for p in prompts] if request.echo else []
+        return Prepared(request_id=request_id, objs=objs, n=request.n, echo_texts=echo_texts)
+
+    @staticmethod
+    def _reject_unsupported(request: CompletionRequest) -> None:
+        if request.suffix:
+            raise APIError("suffix is not supported", param="suffix", code="unsupported")
+        if request.best_of is not None and request.best_of != request.n:
+            raise APIError("best_of other than n is not supported", param="best_of")
+
+    def _vocab_size(self) -> int | None:
+        return getattr(self.tokenizer_manager.model_config, "vocab_size", None)
+
+    def _check_token_ids(self, prompts: list[Prompt]) -> None:
+        vocab_size = self._vocab_size()
+        for prompt in prompts:
+            if isinstance(prompt, list) and vocab_size is not None:
+                if any(not 0 <= t < vocab_size for t in prompt):
+                    raise APIError("prompt token id out of range", param="prompt")
+
+    def _prompt_text(self, prompt: Prompt) -> str:
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+
+    @staticmethod
+    def _generate_input(request, prompt: Prompt, params, rid) -> GenerateReqInput:
+        want_logprobs = request.logprobs is not None
+        return GenerateReqInput(
+            text=prompt if isinstance(prompt, str) else None,
+            input_ids=None if isinstance(prompt, str) else prompt,
+            sampling_params=params,
+            rid=rid,
+            stream=True,
+            return_logprob=want_logprobs,
+            top_logprobs_num=request.logprobs or 0,
+            logprob_start_len=0 if (want_logprobs and request.echo) else -1,
+            return_text_in_logprobs=True,
+        )
+
+    def build_response(
+        self, request: CompletionRequest, prepared: Prepared, outputs: list[dict[str, Any]]
+    ) -> CompletionResponse:
+        choices = [self._choice(request, prepared, i, out) for i, out in enumerate(outputs)]
+        return CompletionResponse(
+            id=prepared.request_id,
+            model=request.model,
+            choices=choices,
+            usage=usage_of([out["meta_info"] for out in outputs], prepared.n),
+        )
+
+    def _echo(self, prepared: Prepared, index: int) -> str:
+        return prepared.echo_texts[index // prepared.n] if prepared.echo_texts else ""
+
+    def _choice(self, request, prepared, index: int, output: dict[str, Any]) -> CompletionChoice:
+        meta = output["meta_info"]
+        echo = self._echo(prepared, index)
+        finish_reason, matched = finish_reason_of(meta)
+        logprobs = None
+        if request.logprobs is not None:
+            logprobs = self._prompt_logprobs(request, meta)
+            tokens, tops = output_slices(meta, 0)
+            merge_completion_logprobs(logprobs, self._logprobs(request, tokens, tops, len(echo)))
+        return CompletionChoice(
+            index=index,
+            text=echo + output["text"],
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            matched_stop=matched,
+        )
+
+    def _logprobs(self, request, tokens, tops, text_offset: int) -> CompletionLogProbs:
+        return completion_logprobs(
+            tokens, tops if request.logprobs else None, self.tokenizer, text_offset
+        )
+
+    def _prompt_logprobs(self, request, meta: dict[str, Any]) -> CompletionLogProbs:
+        if not request.echo:
+            return CompletionLogProbs()
+        tokens = meta.get("input_token_logprobs") or []
+        return self._logprobs(request, tokens, meta.get("input_top_logprobs"), 0)
+
+    async def stream_chunks(
+        self, request: CompletionRequest, prepared: Prepared, fanout: ChoiceFanout
+    ) -> AsyncIterator[CompletionStreamResponse]:
+        states = [ChoiceStream() for _ in prepared.objs]
+        final_metas: list[dict[str, Any]] = [{} for _ in prepared.objs]
+        async for event in fanout.events():
+            chunk = self._delta_chunk(
+                request, prepared, event.index, states[event.index], event.output
+            )
+            if chunk is not None:
+                yield chunk
+            if event.finished:
+                final_metas[event.index] = event.output["meta_info"]
+        if request.stream_options and request.stream_options.include_usage:
+            usage = usage_of(final_metas, prepared.n)
+            yield CompletionStreamResponse(
+                id=prepared.request_id, model=request.model, choices=[], usage=usage
+            )
+
+    def _delta_chunk(self, request, prepared, index, state: ChoiceStream, output):
+        meta = output["meta_info"]
+        echo = "" if state.started else self._echo(prepared, index)
+        logprobs = self._stream_logprobs(request, meta, state, len(echo))
+        text = echo + state.take_text(output["text"])
+        first, state.started = not state.started, True
+        finish_reason, matched = finish_reason_of(meta)
+        if not (text or first or finish_reason or (logprobs and logprobs.tokens)):
+            return None
+        choice = CompletionStreamChoice(
+            index=index, text=text, logprobs=logprobs, finish_reason=finish_reason,
+            matched_stop=matched,
+        )  # fmt: skip
+        return CompletionStreamResponse(
+            id=prepared.request_id, model=request.model, choices=[choice]
+        )
+
+    def _stream_logprobs(self, request, meta, state: ChoiceStream, echo_len: int):
+        if request.logprobs is None:
+            return None
+        logprobs = (
+            self._prompt_logprobs(request, meta) if not state.started else CompletionLogProbs()
+        )
+        start = state.take_logprob_start(meta)
+        tokens, tops = output_slices(meta, start)
+        merge_completion_logprobs(logprobs, self._logprobs(request, tokens, tops, echo_len))
+        return logprobs

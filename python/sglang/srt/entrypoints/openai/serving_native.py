@@ -1,0 +1,117 @@
+"""/generate: SGLang's native request and response shape.
+
+A single prompt with n = 1 answers `{"text", "output_ids", "meta_info"}`; a list
+of prompts or n > 1 answers a list of those (prompt-major). Streaming sends the
+cumulative output of each choice as an SSE event (with `"index"` when there are
+several) and ends with `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Union
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sglang.srt.entrypoints.openai.errors import APIError
+from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
+from sglang.srt.entrypoints.openai.sampling import for_choice
+from sglang.srt.entrypoints.openai.serving_base import (
+    CLIENT_CLOSED_STATUS,
+    choice_rids,
+    new_request_id,
+    open_stream,
+)
+from sglang.srt.managers.io_struct import GenerateReqInput
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: Union[str, list[str], None] = None
+    input_ids: Union[list[int], list[list[int]], None] = None
+    sampling_params: dict[str, Any] | None = None
+    rid: str | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = Field(default=0, ge=0)
+    logprob_start_len: int = Field(default=-1, ge=-1)
+    return_text_in_logprobs: bool = False
+
+    @model_validator(mode="after")
+    def _one_prompt_kind(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text and input_ids")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        if isinstance(self.text, str):
+            return [self.text]
+        if self.text is not None:
+            return list(self.text)
+        if self.input_ids and isinstance(self.input_ids[0], list):
+            return list(self.input_ids)
+        return [list(self.input_ids)]
+
+    def is_batch(self) -> bool:
+        single = isinstance(self.text, str) or (
+            self.input_ids is not None
+            and not (self.input_ids and isinstance(self.input_ids[0], list))
+        )
+        return not single or self.num_samples() > 1
+
+    def num_samples(self) -> int:
+        n = (self.sampling_params or {}).get("n", 1)
+        if not isinstance(n, int) or n < 1:
+            raise APIError(
+                "sampling_params.n must be a positive integer", param="sampling_params.n"
+            )
+        return n
+
+
+def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
+    prompts, n = request.prompts(), request.num_samples()
+    if not prompts:
+        raise APIError("the prompt list is empty", param="text")
+    params = {k: v for k, v in (request.sampling_params or {}).items() if k != "n"}
+    rids = choice_rids(new_request_id("gen"), request.rid, len(prompts) * n)
+    return [_one_input(request, prompts[k // n], for_choice(params, k % n), rid)
+            for k, rid in enumerate(rids)]  # fmt: skip
+
+
+def _one_input(request: GenerateRequest, prompt, params, rid: str) -> GenerateReqInput:
+    return GenerateReqInput(
+        text=prompt if isinstance(prompt, str) else None,
+        input_ids=None if isinstance(prompt, str) else prompt,
+        sampling_params=params,
+        rid=rid,
+        stream=True,
+        return_logprob=request.return_logprob,
+        top_logprobs_num=request.top_logprobs_num,
+        logprob_start_len=request.logprob_start_len,
+        return_text_in_logprobs=request.return_text_in_logprobs,
+    )
+
+
+class NativeServing:
+    def __init__(self, tokenizer_manager: Any, metrics=None) -> None:
+        self.tokenizer_manager = tokenizer_manager
+        self.metrics = metrics
+
+    async def handle(self, request: GenerateRequest, raw_request: Request | None) -> Response:
+        objs = build_inputs(request)
+        fanout = ChoiceFanout(self.tokenizer_manager, objs, self.metrics, raw_request)
+        try:
+            if request.stream:
+                return await open_stream(fanout, _native_chunks(fanout, request.is_batch()))
+            async with fanout:
+                outputs = await fanout.collect()
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+        return JSONResponse(outputs if request.is_batch() else outputs[0])
+
+
+async def _native_chunks(fanout: ChoiceFanout, is_batch: bool) -> AsyncIterator[dict[str, Any]]:
+    async for event in fanout.events():
+        yield dict(event.output, index=event.index) if is_batch else event.output

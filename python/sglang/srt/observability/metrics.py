@@ -1,0 +1,133 @@
+"""Prometheus metrics of the HTTP server (prefix `sglang:`).
+
+Request-level figures (tokens, latencies) are recorded in the main process as
+outputs stream out of the TokenizerManager; scheduler-level gauges (running and
+queued requests, KV usage, cache hit rate, throughput) are refreshed from the
+schedulers' internal state each time `/metrics` is scraped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+PREFIX = "sglang:"
+_LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0, 120.0,
+)  # fmt: skip
+# internal_state key -> (gauge name, how several schedulers combine)
+_GAUGE_SOURCES = {
+    "num_running_reqs": "sum",
+    "num_queue_reqs": "sum",
+    "token_usage": "mean",
+    "cache_hit_rate": "mean",
+    "gen_throughput": "sum",
+}
+_GAUGE_HELP = {
+    "num_running_reqs": "Requests in the running (decode) batch.",
+    "num_queue_reqs": "Requests waiting in the scheduler queue.",
+    "token_usage": "Fraction of KV-cache slots in use.",
+    "cache_hit_rate": "Prefix-cache hit rate over recent prefills.",
+    "gen_throughput": "Generation throughput (tokens/s).",
+}
+
+
+class ServerMetrics:
+    """The server's metric families, in a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._counters = {
+            name: Counter(PREFIX + name, doc, registry=self.registry)
+            for name, doc in (
+                ("prompt_tokens", "Prompt tokens processed."),
+                ("generation_tokens", "Tokens generated."),
+                ("cached_tokens", "Prompt tokens served from the prefix cache."),
+                ("num_requests", "Requests finished (any reason)."),
+                ("num_aborted_requests", "Requests finished by an abort."),
+            )
+        }
+        self._histograms = {
+            name: Histogram(PREFIX + name, doc, buckets=_LATENCY_BUCKETS, registry=self.registry)
+            for name, doc in (
+                ("time_to_first_token_seconds", "Time to the first output token."),
+                ("inter_token_latency_seconds", "Time between output tokens."),
+                ("e2e_request_latency_seconds", "Time from arrival to the last token."),
+                ("queue_time_seconds", "Time spent waiting in the scheduler queue."),
+            )
+        }
+        self._gauges = {
+            name: Gauge(PREFIX + name, _GAUGE_HELP[name], registry=self.registry)
+            for name in _GAUGE_SOURCES
+        }
+
+    def track(self) -> RequestTracker:
+        return RequestTracker(self)
+
+    def observe(self, histogram: str, seconds: float) -> None:
+        self._histograms[histogram].observe(seconds)
+
+    def count(self, counter: str, amount: float = 1.0) -> None:
+        if amount > 0:
+            self._counters[counter].inc(amount)
+
+    def set_scheduler_states(self, states: list[dict[str, Any]]) -> None:
+        """Refresh the gauges from each scheduler's `get_internal_state()` dict."""
+        for key, combine in _GAUGE_SOURCES.items():
+            values = [float(s[key]) for s in states if isinstance(s.get(key), (int, float))]
+            if not values:
+                continue
+            total = sum(values)
+            self._gauges[key].set(total if combine == "sum" else total / len(values))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTracker:
+    """Timing of one generate call, fed with each cumulative output."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+        self._start_s = time.perf_counter()
+        self._last_s: float | None = None
+        self._last_tokens = 0
+
+    def on_output(self, output: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        meta = output["meta_info"]
+        num_tokens = int(meta.get("completion_tokens", 0))
+        if num_tokens > self._last_tokens:
+            self._on_new_tokens(now, num_tokens - self._last_tokens)
+            self._last_tokens = num_tokens
+        if meta.get("finish_reason") is not None:
+            self._on_finish(now, meta)
+
+    def _on_new_tokens(self, now: float, num_new: int) -> None:
+        if self._last_s is None:
+            self._metrics.observe("time_to_first_token_seconds", now - self._start_s)
+        else:
+            per_token_s = (now - self._last_s) / num_new
+            for _ in range(num_new):
+                self._metrics.observe("inter_token_latency_seconds", per_token_s)
+        self._last_s = now
+
+    def _on_finish(self, now: float, meta: dict[str, Any]) -> None:
+        m = self._metrics
+        m.observe("e2e_request_latency_seconds", now - self._start_s)
+        if isinstance(meta.get("queue_time"), (int, float)):
+            m.observe("queue_time_seconds", float(meta["queue_time"]))
+        m.count("prompt_tokens", meta.get("prompt_tokens", 0))
+        m.count("generation_tokens", meta.get("completion_tokens", 0))
+        m.count("cached_tokens", meta.get("cached_tokens", 0))
+        m.count("num_requests")
+        if meta["finish_reason"].get("type") == "abort":
+            m.count("num_aborted_requests")
+
+    def on_abort(self) -> None:
+        """The consumer stopped before the request finished (disconnect, shutdown)."""
+        self._metrics.count("num_requests")
+        self._metrics.count("num_aborted_requests")

@@ -1,0 +1,152 @@
+"""Request models, sampling translation, usage and fan-out (no HTTP server)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from openai_fake_tm import FakeTokenizer, FakeTokenizerManager
+from pydantic import ValidationError
+
+from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from sglang.srt.entrypoints.openai.sampling import for_choice, sampling_params
+from sglang.srt.entrypoints.openai.serving_base import ChoiceStream, choice_rids
+from sglang.srt.entrypoints.openai.serving_completions import split_prompts
+from sglang.srt.entrypoints.openai.usage import usage_of
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.parser.chat_template import ChatTemplateError, render_chat
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}], **fields)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"temperature": -0.1},
+        {"top_p": 0},
+        {"n": 0},
+        {"top_k": 0},
+        {"presence_penalty": 2.5},
+        {"logit_bias": {"5": 101}},
+        {"top_logprobs": 21},
+        {"stop": ["", "x"]},
+    ],
+)
+def test_out_of_range_fields_rejected(fields):
+    with pytest.raises(ValidationError):
+        chat(**fields)
+
+
+def test_unknown_role_rejected():
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest(model="m", messages=[{"role": "robot", "content": "x"}])
+
+
+def test_sampling_params_translation():
+    params = sampling_params(chat(temperature=0, stop="\n", seed=3, top_k=4), 9)
+    assert params["max_new_tokens"] == 9 and params["temperature"] == 0
+    assert params["stop"] == "\n" and params["top_k"] == 4
+    assert for_choice(params, 0)["seed"] == 3 and for_choice(params, 2)["seed"] == 5
+    unseeded = sampling_params(chat(), None)
+    assert "seed" not in for_choice(unseeded, 1) and "max_new_tokens" not in unseeded
+
+
+def test_split_prompts():
+    assert split_prompts("a") == ["a"]
+    assert split_prompts(["a", "b"]) == ["a", "b"]
+    assert split_prompts([1, 2]) == [[1, 2]]
+    assert split_prompts([[1], [2, 3]]) == [[1], [2, 3]]
+    assert CompletionRequest(model="m", prompt=[[1], [2]]).prompt == [[1], [2]]
+
+
+def test_choice_rids():
+    assert choice_rids("req", "mine", 1) == ["mine"]
+    assert choice_rids("req", "mine", 2) == ["mine-0", "mine-1"]
+    assert choice_rids("req", None, 2) == ["req-0", "req-1"]
+
+
+def test_usage_counts_each_prompt_once():
+    metas = [
+        {"prompt_tokens": 5, "completion_tokens": 2, "cached_tokens": 1},
+        {"prompt_tokens": 5, "completion_tokens": 3, "cached_tokens": 5},
+        {"prompt_tokens": 7, "completion_tokens": 1, "cached_tokens": 0},
+        {"prompt_tokens": 7, "completion_tokens": 1, "cached_tokens": 7},
+    ]
+    usage = usage_of(metas, n=2)
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (12, 7, 19)
+    assert usage.prompt_tokens_details.cached_tokens == 1
+
+
+def test_choice_stream_deltas():
+    state = ChoiceStream()
+    assert state.take_text("ab") == "ab" and state.take_text("abcd") == "cd"
+    assert state.take_logprob_start({"output_token_logprobs": [1, 2]}) == 0
+    assert state.take_logprob_start({"output_token_logprobs": [1, 2, 3]}) == 2
+
+
+def test_render_chat_template_override_and_errors():
+    tok = FakeTokenizer()
+    text = render_chat(tok, [{"role": "developer", "content": [{"type": "text", "text": "s"}]}],
+                       "{{ messages[0]['role'] }}:{{ messages[0]['content'] }}")  # fmt: skip
+    assert text == "system:s"
+    with pytest.raises(ChatTemplateError):
+        render_chat(tok, [{"role": "user", "content": [{"type": "image_url"}]}])
+    tok.chat_template = None
+    with pytest.raises(ChatTemplateError):
+        render_chat(tok, [{"role": "user", "content": "x"}])
+
+
+class _DisconnectingRequest:
+    """An ASGI request whose client leaves after `after_s`."""
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s = after_s
+
+    async def receive(self) -> dict:
+        await asyncio.sleep(self.after_s)
+        return {"type": "http.disconnect"}
+
+
+def _objs(n: int, max_new_tokens: int = 1000) -> list[GenerateReqInput]:
+    params = {"max_new_tokens": max_new_tokens, "ignore_eos": True}
+    return [GenerateReqInput(text="ab", sampling_params=params, rid=f"r{i}") for i in range(n)]
+
+
+def test_fanout_disconnect_aborts_every_choice():
+    tm = FakeTokenizerManager(step_delay_s=0.005)
+
+    async def run() -> None:
+        async with ChoiceFanout(tm, _objs(3), request=_DisconnectingRequest(0.05)) as fanout:
+            await fanout.collect()
+
+    with pytest.raises(ClientDisconnected):
+        asyncio.run(run())
+    assert tm.aborted == {"r0", "r1", "r2"}
+
+
+def test_fanout_consumer_leaving_early_aborts():
+    tm = FakeTokenizerManager(step_delay_s=0.001)
+
+    async def run() -> None:
+        async with ChoiceFanout(tm, _objs(2)) as fanout:
+            await fanout.prime()
+            async for _ in fanout.events():
+                break
+        await asyncio.sleep(0.01)
+
+    asyncio.run(run())
+    assert tm.aborted == {"r0", "r1"} and not tm.running
+
+
+def test_fanout_finished_choices_not_aborted():
+    tm = FakeTokenizerManager()
+
+    async def run() -> list:
+        async with ChoiceFanout(tm, _objs(2, max_new_tokens=3)) as fanout:
+            return await fanout.collect()
+
+    outputs = asyncio.run(run())
+    assert [len(o["output_ids"]) for o in outputs] == [3, 3] and not tm.aborted

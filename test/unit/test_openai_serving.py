@@ -1,0 +1,342 @@
+"""The HTTP serving layer over a fake TokenizerManager: shapes, SSE, usage, errors."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+from openai_fake_tm import OUTPUT_ALPHABET, FakeTokenizerManager
+
+from sglang.srt.entrypoints.http_server import ServerStatus, create_app
+from sglang.srt.runtime_context import get_context
+
+MODEL = "fake-model"
+
+
+def make_client(tm: FakeTokenizerManager, **fields) -> TestClient:
+    with get_context().override_server_args(**fields):
+        app = create_app(tm)
+    app.state.server.status = ServerStatus.READY
+    return TestClient(app)
+
+
+@pytest.fixture
+def tm() -> FakeTokenizerManager:
+    return FakeTokenizerManager()
+
+
+@pytest.fixture
+def client(tm) -> TestClient:
+    with make_client(tm, enable_metrics=True) as test_client:
+        yield test_client
+
+
+def chat_body(**extra) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def sse_events(response) -> list:
+    lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[len("data: ") :]) for line in lines[:-1]]
+
+
+def assert_error(response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+# --- chat ------------------------------------------------------------------------------------
+
+
+def test_chat_non_stream_shape_and_usage(client, tm):
+    body = client.post("/v1/chat/completions", json=chat_body(max_tokens=5, temperature=0)).json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert len(choice["message"]["content"]) == 5
+    assert choice["finish_reason"] == "length"
+    prompt_len = len(tm.requests[0].input_ids)
+    assert body["usage"] == {
+        "prompt_tokens": prompt_len,
+        "completion_tokens": 5,
+        "total_tokens": prompt_len + 5,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
+
+
+def test_chat_template_applied_without_special_tokens_twice(client, tm):
+    client.post("/v1/chat/completions", json=chat_body(max_tokens=1))
+    text = tm.tokenizer.decode(tm.requests[0].input_ids)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_chat_stream_matches_non_stream(client):
+    body = chat_body(max_tokens=6, temperature=0)
+    full = client.post("/v1/chat/completions", json=body).json()
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True,
+                       "stream_options": {"include_usage": True}}) as response:  # fmt: skip
+        events = sse_events(response)
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    assert text == full["choices"][0]["message"]["content"]
+    finishes = [e["choices"][0]["finish_reason"] for e in events if e["choices"]]
+    assert finishes[-1] == "length" and set(finishes[:-1]) == {None}
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == full["usage"]
+
+
+def test_chat_n3_seeded_reproducible_and_distinct(client):
+    body = chat_body(max_tokens=4, n=3, seed=7, temperature=1.0)
+    first = client.post("/v1/chat/completions", json=body).json()
+    second = client.post("/v1/chat/completions", json=body).json()
+    texts = [c["message"]["content"] for c in first["choices"]]
+    assert [c["index"] for c in first["choices"]] == [0, 1, 2]
+    assert texts == [c["message"]["content"] for c in second["choices"]]
+    assert len(set(texts)) == 3
+    assert first["usage"]["completion_tokens"] == 12
+
+
+def test_chat_stop_string(client):
+    start = client.post("/v1/chat/completions", json=chat_body(max_tokens=40, temperature=0))
+    text = start.json()["choices"][0]["message"]["content"]
+    stop = text[3:5]
+    body = client.post("/v1/chat/completions", json=chat_body(max_tokens=40, temperature=0,
+                       stop=[stop])).json()  # fmt: skip
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["matched_stop"] == stop
+    assert choice["message"]["content"] == text[: text.index(stop)]
+
+
+def test_chat_logprobs(client, tm):
+    body = client.post("/v1/chat/completions", json=chat_body(max_tokens=3, logprobs=True,
+                       top_logprobs=2)).json()  # fmt: skip
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == 3
+    assert "".join(item["token"] for item in content) == body["choices"][0]["message"]["content"]
+    assert all(len(item["top_logprobs"]) == 2 for item in content)
+    assert tm.requests[0].top_logprobs_num == 2
+
+
+def test_chat_default_max_tokens_fills_context(client, tm):
+    client.post("/v1/chat/completions", json=chat_body(ignore_eos=True, max_completion_tokens=3))
+    assert tm.requests[0].sampling_params["max_new_tokens"] == 3
+    client.post("/v1/chat/completions", json=chat_body())
+    prompt_len = len(tm.requests[1].input_ids)
+    assert tm.requests[1].sampling_params["max_new_tokens"] == tm.context_len - prompt_len
+
+
+def test_chat_extras_reach_sampling_params(client, tm):
+    client.post("/v1/chat/completions", json=chat_body(max_tokens=2, top_k=5, min_p=0.1,
+                repetition_penalty=1.1, min_tokens=1, ignore_eos=True,
+                logit_bias={"65": 2.0}, presence_penalty=0.5))  # fmt: skip
+    params = tm.requests[0].sampling_params
+    assert params["top_k"] == 5 and params["min_p"] == 0.1 and params["ignore_eos"] is True
+    assert params["min_new_tokens"] == 1 and params["logit_bias"] == {"65": 2.0}
+
+
+# --- completions -----------------------------------------------------------------------------
+
+
+def test_completions_prompt_list_with_n(client):
+    body = client.post("/v1/completions", json={"model": MODEL, "prompt": ["ab", "abcd"], "n": 2,
+                       "max_tokens": 3, "seed": 1}).json()  # fmt: skip
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert body["usage"]["prompt_tokens"] == 2 + 4
+    assert body["usage"]["completion_tokens"] == 12
+
+
+def test_completions_token_id_prompts(client, tm):
+    body = client.post("/v1/completions", json={"model": MODEL, "prompt": [[104, 105], [106]],
+                       "max_tokens": 2, "temperature": 0}).json()  # fmt: skip
+    assert len(body["choices"]) == 2
+    assert tm.requests[0].input_ids == [104, 105] and tm.requests[1].input_ids == [106]
+
+
+def test_completions_echo_logprobs_max_tokens_zero(client):
+    body = client.post("/v1/completions", json={"model": MODEL, "prompt": "abc", "echo": True,
+                       "logprobs": 1, "max_tokens": 0}).json()  # fmt: skip
+    choice = body["choices"][0]
+    assert choice["text"] == "abc"
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == ["a", "b", "c"]
+    assert logprobs["token_logprobs"] == [None, -2.0, -2.0]
+    assert logprobs["top_logprobs"][0] is None and len(logprobs["top_logprobs"][1]) == 1
+    assert logprobs["text_offset"] == [0, 1, 2]
+
+
+def test_completions_echo_logprobs_with_output(client):
+    body = client.post("/v1/completions", json={"model": MODEL, "prompt": "abc", "echo": True,
+                       "logprobs": 0, "max_tokens": 2}).json()  # fmt: skip
+    choice = body["choices"][0]
+    assert choice["text"].startswith("abc") and len(choice["text"]) == 5
+    assert len(choice["logprobs"]["tokens"]) == 5
+    assert choice["logprobs"]["text_offset"] == [0, 1, 2, 3, 4]
+
+
+def test_completions_stream_with_echo(client):
+    body = {"model": MODEL, "prompt": "xy", "echo": True, "max_tokens": 4, "stream": True,
+            "temperature": 0}  # fmt: skip
+    with client.stream("POST", "/v1/completions", json=body) as response:
+        events = sse_events(response)
+    full = client.post("/v1/completions", json={**body, "stream": False}).json()
+    assert "".join(e["choices"][0]["text"] for e in events) == full["choices"][0]["text"]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_completions_default_max_tokens_is_16(client, tm):
+    client.post("/v1/completions", json={"model": MODEL, "prompt": "a"})
+    assert tm.requests[0].sampling_params["max_new_tokens"] == 16
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def test_error_bodies(client):
+    post = client.post
+    assert_error(post("/v1/completions", json={"model": MODEL, "prompt": "a", "suffix": "z"}),
+                 400, "suffix")  # fmt: skip
+    error = assert_error(post("/v1/chat/completions", json=chat_body(regex="a+")), 400, "regex")
+    assert error["message"] == "structured output not supported yet"
+    fmt = {"type": "json_object"}
+    assert_error(post("/v1/chat/completions", json=chat_body(response_format=fmt)), 400)
+    assert_error(post("/v1/chat/completions", json={**chat_body(), "model": "nope"}), 404, "model")
+    assert_error(post("/v1/chat/completions", json=chat_body(temperature=3)), 400, "temperature")
+    assert_error(post("/v1/chat/completions", json=chat_body(n="x")), 400, "n")
+    assert_error(post("/v1/chat/completions", json={"model": MODEL}), 400, "messages")
+    assert_error(post("/v1/completions", json={"model": MODEL, "prompt": [[]]}), 400, "prompt")
+    assert_error(post("/v1/completions", json={"model": MODEL, "prompt": [999999]}), 400)
+    assert_error(post("/v1/chat/completions", json=chat_body(logit_bias={"x": 1})), 400)
+    assert_error(post("/v1/chat/completions", json=chat_body(max_tokens=2, min_tokens=5)), 400)
+
+
+def test_malformed_json_is_400(client):
+    response = client.post("/v1/chat/completions", content=b"{not json",
+                           headers={"content-type": "application/json"})  # fmt: skip
+    assert assert_error(response, 400)["code"] == "invalid_json"
+    assert client.post("/v1/chat/completions", json=chat_body(max_tokens=1)).status_code == 200
+
+
+def test_too_long_prompt_is_400(client, tm):
+    long_text = "x" * (tm.context_len + 5)
+    chat = client.post("/v1/chat/completions", json=chat_body(messages=[{"role": "user",
+                       "content": long_text}]))  # fmt: skip
+    assert assert_error(chat, 400, "messages")["code"] == "context_length_exceeded"
+    body = {"model": MODEL, "prompt": long_text, "max_tokens": 2}
+    assert assert_error(client.post("/v1/completions", json=body), 400)["code"] == (
+        "context_length_exceeded"
+    )
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+        assert response.status_code == 400
+
+
+def test_unknown_route_is_openai_error(client):
+    assert_error(client.get("/v1/nothing"), 404)
+
+
+# --- native /generate -------------------------------------------------------------------------
+
+
+def test_generate_single_and_batch(client):
+    single = client.post("/generate", json={"text": "ab", "sampling_params":
+                         {"max_new_tokens": 3, "temperature": 0}}).json()  # fmt: skip
+    assert set(single) >= {"text", "output_ids", "meta_info"} and len(single["output_ids"]) == 3
+    batch = client.post("/generate", json={"input_ids": [[97], [98]], "sampling_params":
+                        {"max_new_tokens": 2, "n": 2}}).json()  # fmt: skip
+    assert isinstance(batch, list) and len(batch) == 4
+
+
+def test_generate_stream_cumulative(client):
+    body = {"text": "ab", "stream": True, "sampling_params": {"max_new_tokens": 4}}
+    with client.stream("POST", "/generate", json=body) as response:
+        events = sse_events(response)
+    texts = [e["text"] for e in events]
+    assert all(texts[i + 1].startswith(texts[i]) for i in range(len(texts) - 1))
+    assert events[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_generate_bad_sampling_params(client):
+    body = {"text": "ab", "sampling_params": {"max_new_tokens": 2, "bogus": 1}}
+    assert "bogus" in assert_error(client.post("/generate", json=body), 400)["message"]
+    assert_error(client.post("/generate", json={"sampling_params": {}}), 400)
+
+
+# --- ops routes --------------------------------------------------------------------------------
+
+
+def test_models_routes(client):
+    models = client.get("/v1/models").json()
+    assert models["data"][0]["id"] == MODEL
+    assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+    assert_error(client.get("/v1/models/other"), 404)
+
+
+def test_health_follows_status_and_liveness(client, tm):
+    assert client.get("/health").status_code == 200
+    assert client.get("/health_generate").status_code == 200
+    tm.alive = False
+    assert client.get("/health").status_code == 503
+    tm.alive = True
+    client.app.state.server.status = ServerStatus.SHUTTING_DOWN
+    assert client.get("/health").status_code == 503
+
+
+def test_readback_after_update_weights(client):
+    response = client.post("/update_weights_from_disk", json={"model_path": "/models/new"})
+    assert response.json()["success"] is True
+    assert client.get("/model_info").json()["model_path"] == "/models/new"
+    info = client.get("/get_server_info").json()
+    assert info["model_path"] == "/models/new"
+    assert info["internal_states"][0]["model_path"] == "/models/new"
+    bad = client.post("/update_weights_from_disk", json={"model_path": "/missing/x"})
+    assert_error(bad, 400, "model_path")
+
+
+def test_flush_and_abort(client, tm):
+    assert client.post("/flush_cache").status_code == 200
+    assert client.post("/abort_request", json={"rid": "r1"}).json()["success"] is True
+    assert "r1" in tm.aborted
+
+
+def test_metrics(client):
+    client.post("/v1/chat/completions", json=chat_body(max_tokens=3, stream=True))
+    client.post("/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 2})
+    text = client.get("/metrics").text
+    for name in ("prompt_tokens_total", "generation_tokens_total", "cached_tokens_total",
+                 "num_requests_total", "num_aborted_requests_total",
+                 "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
+                 "e2e_request_latency_seconds_bucket", "queue_time_seconds_bucket",
+                 "num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate",
+                 "gen_throughput"):  # fmt: skip
+        assert f"sglang:{name}" in text, name
+    assert "sglang:num_requests_total 2.0" in text
+    assert "sglang:generation_tokens_total 5.0" in text
+
+
+def test_api_key(tm):
+    with make_client(tm, api_key="sekret") as client:
+        assert client.get("/health").status_code == 200
+        error = assert_error(client.get("/v1/models"), 401)
+        assert error["code"] == "invalid_api_key"
+        wrong = {"Authorization": "Bearer nope"}
+        assert client.get("/v1/models", headers=wrong).status_code == 401
+        right = {"Authorization": "Bearer sekret"}
+        assert client.get("/v1/models", headers=right).status_code == 200
+
+
+def test_openai_client(client):
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client)
+    chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=4, n=2, seed=3)  # fmt: skip
+    assert len(chat.choices) == 2 and chat.usage.completion_tokens == 8
+    stream = oai.completions.create(model=MODEL, prompt="ab", max_tokens=3, stream=True,
+                                    stream_options={"include_usage": True})  # fmt: skip
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens == 3
+    assert set("".join(c.choices[0].text for c in chunks if c.choices)) <= set(OUTPUT_ALPHABET)
