@@ -1,0 +1,309 @@
+"""Online serving benchmark: send a random workload to a server, report latency figures.
+
+    python -m sglang.bench_serving --base-url http://127.0.0.1:30000 --backend sglang \
+        --dataset-name random --num-prompts 64 --random-input-len 128 \
+        --random-output-len 64 --request-rate 16 --max-concurrency 8
+
+`--backend sglang` streams from our native `/generate`; `--backend openai` streams
+from `/v1/completions` of any OpenAI-compatible server. Requests arrive as a
+Poisson process of `--request-rate` per second (inf: all at once), at most
+`--max-concurrency` in flight. Prints throughput and mean / median / p99 of
+TTFT, TPOT, ITL and end-to-end latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+# --- workload --------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchRequest:
+    prompt: str
+    prompt_len: int
+    output_len: int
+
+
+def _lengths(mean_len: int, range_ratio: float, count: int, rng: random.Random) -> list[int]:
+    low = max(1, int(mean_len * range_ratio))
+    return [rng.randint(low, max(low, mean_len)) for _ in range(count)]
+
+
+def _word_prompt(num_words: int, rng: random.Random) -> str:
+    words = ("alpha", "beta", "gamma", "delta", "omega", "river", "stone", "cloud", "light")
+    return " ".join(rng.choice(words) for _ in range(num_words))
+
+
+def random_requests(args: argparse.Namespace, tokenizer: Any | None) -> list[BenchRequest]:
+    """Random prompts of `--random-input-len` tokens (exact with a tokenizer, else words)."""
+    rng = random.Random(args.seed)
+    input_lens = _lengths(args.random_input_len, args.random_range_ratio, args.num_prompts, rng)
+    output_lens = _lengths(args.random_output_len, args.random_range_ratio, args.num_prompts, rng)
+    requests = []
+    for input_len, output_len in zip(input_lens, output_lens):
+        if tokenizer is not None:
+            ids = [rng.randrange(100, len(tokenizer) - 1) for _ in range(input_len)]
+            prompt = tokenizer.decode(ids)
+        else:
+            prompt = _word_prompt(input_len, rng)
+        requests.append(BenchRequest(prompt, input_len, output_len))
+    return requests
+
+
+def load_tokenizer(args: argparse.Namespace) -> Any | None:
+    name = args.tokenizer
+    if name is None and args.backend == "sglang":
+        name = _server_tokenizer_path(args)
+    if name is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
+def _server_tokenizer_path(args: argparse.Namespace) -> str | None:
+    try:
+        info = httpx.get(f"{args.base_url}/model_info", headers=_headers(args), timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    path = info.get("tokenizer_path") or info.get("model_path")
+    return path if path and os.path.isdir(path) else None  # only a tokenizer we can read
+
+
+# --- one request -------------------------------------------------------------------------------
+
+
+@dataclass
+class RequestResult:
+    success: bool = False
+    error: str = ""
+    prompt_len: int = 0
+    output_len: int = 0
+    ttft_s: float = 0.0
+    latency_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)
+
+
+def _headers(args: argparse.Namespace) -> dict[str, str]:
+    return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+
+def build_payload(args: argparse.Namespace, req: BenchRequest) -> tuple[str, dict[str, Any]]:
+    if args.backend == "sglang":
+        params = {"max_new_tokens": req.output_len, "temperature": 0.0, "ignore_eos": True}
+        return "/generate", {"text": req.prompt, "sampling_params": params, "stream": True}
+    payload = {
+        "model": args.model,
+        "prompt": req.prompt,
+        "max_tokens": req.output_len,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if not args.disable_ignore_eos:
+        payload["ignore_eos"] = True
+    return "/v1/completions", payload
+
+
+def _chunk_progress(backend: str, data: dict[str, Any]) -> tuple[bool, int | None, int | None]:
+    """(carries new text, prompt tokens, completion tokens) of one stream event."""
+    if backend == "sglang":
+        meta = data.get("meta_info", {})
+        return bool(data.get("text")), meta.get("prompt_tokens"), meta.get("completion_tokens")
+    usage = data.get("usage") or {}
+    has_text = any(c.get("text") for c in data.get("choices", []))
+    return has_text, usage.get("prompt_tokens"), usage.get("completion_tokens")
+
+
+async def send_request(
+    client: httpx.AsyncClient, args: argparse.Namespace, req: BenchRequest
+) -> RequestResult:
+    path, payload = build_payload(args, req)
+    result = RequestResult(prompt_len=req.prompt_len)
+    start = last = time.perf_counter()
+    try:
+        async with client.stream("POST", args.base_url + path, json=payload) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[len("data: ") :])
+                has_text, prompt_len, output_len = _chunk_progress(args.backend, data)
+                now = time.perf_counter()
+                if has_text:
+                    if result.ttft_s == 0.0:
+                        result.ttft_s = now - start
+                    else:
+                        result.itl_s.append(now - last)
+                    last = now
+                result.prompt_len = prompt_len or result.prompt_len
+                result.output_len = output_len or result.output_len
+        result.latency_s = time.perf_counter() - start
+        result.output_len = result.output_len or len(result.itl_s) + 1
+        result.success = True
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        result.error = repr(exc)
+    return result
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+async def _arrivals(requests: list[BenchRequest], rate: float, seed: int):
+    rng = np.random.default_rng(seed)
+    for req in requests:
+        yield req
+        if rate != float("inf"):
+            await asyncio.sleep(float(rng.exponential(1.0 / rate)))
+
+
+async def run_benchmark(
+    args: argparse.Namespace, requests: list[BenchRequest]
+) -> tuple[list[RequestResult], float]:
+    limit = args.max_concurrency or len(requests)
+    semaphore = asyncio.Semaphore(limit)
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+    timeout = httpx.Timeout(args.timeout_s)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=_headers(args)) as client:
+
+        async def limited(req: BenchRequest) -> RequestResult:
+            async with semaphore:
+                return await send_request(client, args, req)
+
+        start = time.perf_counter()
+        tasks = []
+        async for req in _arrivals(requests, args.request_rate, args.seed):
+            tasks.append(asyncio.create_task(limited(req)))
+        results = await asyncio.gather(*tasks)
+    return list(results), time.perf_counter() - start
+
+
+def _stats_ms(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
+    arr = np.asarray(values) * 1000.0
+    return {
+        "mean": float(arr.mean()),
+        "median": float(np.median(arr)),
+        "p99": float(np.percentile(arr, 99)),
+    }
+
+
+def summarize(results: list[RequestResult], duration_s: float) -> dict[str, Any]:
+    ok = [r for r in results if r.success]
+    input_tokens = sum(r.prompt_len for r in ok)
+    output_tokens = sum(r.output_len for r in ok)
+    tpot = [(r.latency_s - r.ttft_s) / (r.output_len - 1) for r in ok if r.output_len > 1]
+    return {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration_s,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": len(ok) / duration_s,
+        "input_throughput": input_tokens / duration_s,
+        "output_throughput": output_tokens / duration_s,
+        "total_throughput": (input_tokens + output_tokens) / duration_s,
+        "concurrency": sum(r.latency_s for r in ok) / duration_s,
+        "e2e_ms": _stats_ms([r.latency_s for r in ok]),
+        "ttft_ms": _stats_ms([r.ttft_s for r in ok]),
+        "tpot_ms": _stats_ms(tpot),
+        "itl_ms": _stats_ms([gap for r in ok for gap in r.itl_s]),
+        "errors": sorted({r.error for r in results if not r.success})[:5],
+    }
+
+
+def format_report(args: argparse.Namespace, summary: dict[str, Any]) -> str:
+    rows = [
+        ("Backend", args.backend),
+        ("Traffic request rate", args.request_rate),
+        ("Max request concurrency", args.max_concurrency or "not set"),
+        ("Successful requests", summary["completed"]),
+        ("Failed requests", summary["failed"]),
+        ("Benchmark duration (s)", f"{summary['duration_s']:.2f}"),
+        ("Total input tokens", summary["total_input_tokens"]),
+        ("Total generated tokens", summary["total_output_tokens"]),
+        ("Request throughput (req/s)", f"{summary['request_throughput']:.2f}"),
+        ("Input token throughput (tok/s)", f"{summary['input_throughput']:.2f}"),
+        ("Output token throughput (tok/s)", f"{summary['output_throughput']:.2f}"),
+        ("Total token throughput (tok/s)", f"{summary['total_throughput']:.2f}"),
+        ("Concurrency", f"{summary['concurrency']:.2f}"),
+    ]
+    lines = ["{s:{c}^60}".format(s=" Serving Benchmark Result ", c="=")]
+    lines += [f"{name + ':':<44}{value:>16}" for name, value in rows]
+    for key, title in (("e2e_ms", "E2E Latency"), ("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"),
+                       ("itl_ms", "ITL")):  # fmt: skip
+        lines.append("{s:{c}^60}".format(s=f" {title} ", c="-"))
+        for stat in ("mean", "median", "p99"):
+            name = f"{stat.capitalize() if stat != 'p99' else 'P99'} {title} (ms):"
+            lines.append(f"{name:<44}{summary[key][stat]:>16.2f}")
+    lines.append("=" * 60)
+    if summary["errors"]:
+        lines.append("errors: " + "; ".join(summary["errors"]))
+    return "\n".join(lines)
+
+
+# --- CLI -------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--backend", choices=["sglang", "openai"], default="sglang")
+    p.add_argument("--base-url", default=None, help="e.g. http://127.0.0.1:30000")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--model", default=None, help="Model name (default: the server's first).")
+    p.add_argument("--tokenizer", default=None, help="HF tokenizer for exact prompt lengths.")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--dataset-name", choices=["random"], default="random")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--random-input-len", type=int, default=256)
+    p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument("--random-range-ratio", type=float, default=1.0,
+                   help="Lengths are uniform in [ratio * len, len]; 1.0 = fixed.")  # fmt: skip
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--disable-ignore-eos", action="store_true")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--output-file", default=None, help="Append the summary as a JSON line.")
+    args = p.parse_args(argv)
+    args.base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    return args
+
+
+def _default_model(args: argparse.Namespace) -> str:
+    response = httpx.get(f"{args.base_url}/v1/models", headers=_headers(args), timeout=10)
+    return response.json()["data"][0]["id"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.backend == "openai" and args.model is None:
+        args.model = _default_model(args)
+    requests = random_requests(args, load_tokenizer(args))
+    results, duration_s = asyncio.run(run_benchmark(args, requests))
+    summary = summarize(results, duration_s)
+    sys.stdout.write(format_report(args, summary) + "\n")
+    if args.output_file:
+        with open(args.output_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"args": vars(args), **summary}, default=str) + "\n")
+    return 0 if summary["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
