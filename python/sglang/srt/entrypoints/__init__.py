@@ -1,0 +1,1 @@
+"""Entry points: the offline Engine and (beside it) the HTTP server."""

@@ -1,0 +1,386 @@
+"""The offline Engine and the launcher shared with the HTTP server.
+
+`_launch_subprocesses(server_args)` resolves the config, spawns the scheduler
+and detokenizer processes, waits for their ready messages, builds the
+TokenizerManager in this process and starts a watchdog that fails in-flight
+requests when a child dies. `Engine` runs the TokenizerManager on its own
+event loop in a background thread, so its sync methods work from plain code
+and from inside a running event loop alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import multiprocessing as mp
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from sglang.srt.managers.io_struct import ChildFailed, ChildReady, GenerateReqInput
+from sglang.srt.managers.ipc import PortArgs
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.utils import kill_process_tree
+
+logger = logging.getLogger(__name__)
+
+CHILD_READY_TIMEOUT_S = 600.0
+WATCHDOG_POLL_S = 0.2
+
+
+class ChildStartupError(RuntimeError):
+    """A child process failed before reporting ready; carries its traceback text."""
+
+
+# ----------------------------------------------------------------------------
+# Child processes
+# ----------------------------------------------------------------------------
+
+
+class ChildProcesses:
+    """The launched children of one server/Engine, their watchdog and shutdown."""
+
+    def __init__(self, port_args: PortArgs) -> None:
+        self.port_args = port_args
+        self.procs: list[tuple[str, mp.process.BaseProcess]] = []
+        self._stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self.on_death: list[Callable[[str], None]] = []
+        self.dead_message: str | None = None
+
+    def __iter__(self) -> Iterator[mp.process.BaseProcess]:
+        return iter(p for _, p in self.procs)
+
+    def start_watchdog(self) -> None:
+        self._watchdog = threading.Thread(target=self._watch, name="sglang-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCHDOG_POLL_S):
+            for role, proc in self.procs:
+                if not proc.is_alive():
+                    self._report_death(role, proc)
+                    return
+
+    def _report_death(self, role: str, proc: mp.process.BaseProcess) -> None:
+        self.dead_message = (
+            f"The {role} process (pid {proc.pid}) exited unexpectedly with code "
+            f"{proc.exitcode}; the server cannot serve requests."
+        )
+        logger.error(self.dead_message)
+        for callback in self.on_death:
+            try:
+                callback(self.dead_message)
+            except Exception:  # a callback must not kill the watchdog's report
+                logger.exception("watchdog callback failed")
+
+    def shutdown(self) -> None:
+        """Stop every child (SIGTERM, then SIGKILL); idempotent."""
+        self._stop.set()
+        for _, proc in self.procs:
+            if proc.pid is not None and proc.is_alive():
+                kill_process_tree(proc.pid, timeout_s=3.0)
+        for _, proc in self.procs:
+            proc.join(timeout=3.0)
+        self.port_args.cleanup()
+
+
+def _spawn(ctx: Any, role: str, target: Callable, args: tuple) -> tuple[Any, Any]:
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, args=(*args, writer), name=f"sglang-{role}", daemon=True)
+    proc.start()
+    writer.close()
+    return proc, reader
+
+
+def _wait_ready(role: str, proc: Any, reader: Any, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if reader.poll(0.1):
+            try:
+                msg = reader.recv()
+            except EOFError:
+                msg = None
+            if isinstance(msg, ChildReady):
+                return msg.info
+            if isinstance(msg, ChildFailed):
+                raise ChildStartupError(f"The {role} process failed to start:\n{msg.traceback_text}")
+        if not proc.is_alive():
+            raise ChildStartupError(
+                f"The {role} process exited during startup with code {proc.exitcode}."
+            )
+    raise ChildStartupError(f"The {role} process did not report ready within {timeout_s:.0f} s.")
+
+
+def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProcesses]:
+    """Start scheduler + detokenizer, wait for ready, build the TokenizerManager.
+
+    On any failure every started child is stopped before the error propagates.
+    """
+    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+    from sglang.srt.managers.scheduler import run_scheduler_process
+
+    server_args.resolve_once()
+    _check_supported(server_args)
+    port_args = PortArgs.init_new()
+    children = ChildProcesses(port_args)
+    ctx = mp.get_context("spawn")
+    try:
+        sched, sched_reader = _spawn(ctx, "scheduler", run_scheduler_process,
+                                     (server_args, port_args, 0))
+        children.procs.append(("scheduler", sched))
+        detok, detok_reader = _spawn(ctx, "detokenizer", run_detokenizer_process,
+                                     (server_args, port_args))
+        children.procs.append(("detokenizer", detok))
+        info = _wait_ready("scheduler", sched, sched_reader, CHILD_READY_TIMEOUT_S)
+        _wait_ready("detokenizer", detok, detok_reader, CHILD_READY_TIMEOUT_S)
+        tokenizer_manager = TokenizerManager(server_args, port_args, ready_info=info)
+    except BaseException:
+        children.shutdown()
+        raise
+    children.on_death.append(tokenizer_manager.on_child_death)
+    children.start_watchdog()
+    return tokenizer_manager, children
+
+
+def _check_supported(server_args: Any) -> None:
+    from sglang.srt.server_args import resolution_result
+
+    for name in ("tp_size", "dp_size", "pp_size"):
+        if resolution_result(server_args, name) != 1:
+            raise NotImplementedError(f"{name} > 1 is not supported by this runtime yet")
+
+
+# ----------------------------------------------------------------------------
+# Engine
+# ----------------------------------------------------------------------------
+
+
+class Engine:
+    """Offline generation: `Engine(model_path=...).generate(prompts, sampling_params)`."""
+
+    def __init__(self, server_args: Any = None, **kwargs: Any) -> None:
+        from sglang.srt.server_args import ServerArgs
+
+        if server_args is None:
+            server_args = ServerArgs(**kwargs)
+        elif kwargs:
+            raise ValueError("pass either server_args or keyword fields, not both")
+        self.server_args = server_args
+        self._closed = False
+        self.tokenizer_manager, self._children = _launch_subprocesses(server_args)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-engine-loop",
+                                         daemon=True)
+        self._thread.start()
+        _live_engines.add(self)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _run(self, coro: Any) -> Any:
+        if self._closed:
+            raise RuntimeError("this Engine is shut down")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _arun(self, coro: Any) -> Any:
+        if self._closed:
+            raise RuntimeError("this Engine is shut down")
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    # ------------------------------------------------------------------ generate
+
+    def generate(self, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
+                 stream: bool = False, return_logprob: bool = False, top_logprobs_num: int = 0,
+                 logprob_start_len: int = -1, return_text_in_logprobs: bool = False,
+                 rid: Any = None) -> Any:
+        """dict (one prompt), list of dicts (a list, or n > 1), or an iterator when streaming."""
+        reqs, is_batch = _build_requests(
+            prompt, sampling_params, input_ids, stream, return_logprob, top_logprobs_num,
+            logprob_start_len, return_text_in_logprobs, rid,
+        )
+        if stream:
+            return self._stream_sync(reqs)
+        results = self._run(self._gather(reqs))
+        return results if is_batch else results[0]
+
+    async def async_generate(self, prompt: Any = None, sampling_params: Any = None,
+                             input_ids: Any = None, stream: bool = False,
+                             return_logprob: bool = False, top_logprobs_num: int = 0,
+                             logprob_start_len: int = -1, return_text_in_logprobs: bool = False,
+                             rid: Any = None) -> Any:
+        reqs, is_batch = _build_requests(
+            prompt, sampling_params, input_ids, stream, return_logprob, top_logprobs_num,
+            logprob_start_len, return_text_in_logprobs, rid,
+        )
+        if stream:
+            return self._stream_async(reqs)
+        results = await self._arun(self._gather(reqs))
+        return results if is_batch else results[0]
+
+    async def _gather(self, reqs: list[GenerateReqInput]) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(self._one(r) for r in reqs)))
+
+    async def _one(self, req: GenerateReqInput) -> dict[str, Any]:
+        final = None
+        async for out in self.tokenizer_manager.generate_request(req):
+            final = out
+        return final
+
+    def _stream_sync(self, reqs: list[GenerateReqInput]) -> Iterator[dict[str, Any]]:
+        agen = _incremental(self._merged_stream(reqs))
+        try:
+            while True:
+                try:
+                    yield self._run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                self._run(agen.aclose())
+
+    async def _stream_async(self, reqs: list[GenerateReqInput]) -> AsyncIterator[dict[str, Any]]:
+        agen = _incremental(self._merged_stream(reqs))
+        try:
+            while True:
+                try:
+                    yield await self._arun(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                await self._arun(agen.aclose())
+
+    async def _merged_stream(self, reqs: list[GenerateReqInput]) -> AsyncIterator[dict]:
+        """Cumulative outputs of several requests, interleaved, tagged with "index"."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, req: GenerateReqInput) -> None:
+            try:
+                async for out in self.tokenizer_manager.generate_request(req):
+                    await queue.put((index, out, None))
+            except BaseException as exc:  # forwarded to the consumer
+                await queue.put((index, None, exc))
+            await queue.put((index, None, None))
+
+        tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(reqs)]
+        try:
+            remaining = len(reqs)
+            while remaining:
+                index, out, exc = await queue.get()
+                if exc is not None:
+                    raise exc
+                if out is None:
+                    remaining -= 1
+                    continue
+                out["index"] = index
+                yield out
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    # ------------------------------------------------------------------ control
+
+    def flush_cache(self) -> bool:
+        return self._run(self.tokenizer_manager.flush_cache())
+
+    def get_internal_state(self) -> list[dict[str, Any]]:
+        return self._run(self.tokenizer_manager.get_internal_state())
+
+    def get_server_info(self) -> dict[str, Any]:
+        from sglang import __version__
+
+        states = self.get_internal_state()
+        info = dict(self.tokenizer_manager.resolved_config_dict())
+        info.update(internal_states=states, version=__version__)
+        return info
+
+    def update_weights_from_disk(self, model_path: str, load_format: str | None = None):
+        return self._run(self.tokenizer_manager.update_weights_from_disk(model_path, load_format))
+
+    def abort_request(self, rid: str) -> None:
+        self._loop.call_soon_threadsafe(self.tokenizer_manager.abort_request, rid)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def shutdown(self) -> None:
+        """Stop the children and the loop thread; idempotent, never hangs."""
+        if self._closed:
+            return
+        self._closed = True
+        _live_engines.discard(self)
+        self._children.shutdown()
+        self.tokenizer_manager.on_child_death("The engine is shut down.")
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5.0)
+        self.tokenizer_manager.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+async def _incremental(cumulative: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    """Turn cumulative outputs into chunks: new text and new ids since the last one."""
+    sent: dict[int, tuple[int, int]] = {}
+    async for out in cumulative:
+        index = out.get("index", 0)
+        text_len, ids_len = sent.get(index, (0, 0))
+        chunk = dict(out)
+        chunk["text"] = out["text"][text_len:]
+        chunk["output_ids"] = out["output_ids"][ids_len:]
+        sent[index] = (len(out["text"]), len(out["output_ids"]))
+        yield chunk
+
+
+def _build_requests(prompt, sampling_params, input_ids, stream, return_logprob,
+                    top_logprobs_num, logprob_start_len, return_text_in_logprobs, rid):
+    """Expand prompts x n into single requests; returns (requests, is_batch)."""
+    if (prompt is None) == (input_ids is None):
+        raise ValueError("pass exactly one of prompt or input_ids")
+    if prompt is not None:
+        is_list = isinstance(prompt, list)
+        items = [{"text": p} for p in (prompt if is_list else [prompt])]
+    else:
+        is_list = bool(input_ids) and isinstance(input_ids[0], list)
+        items = [{"input_ids": ids} for ids in (input_ids if is_list else [input_ids])]
+    params = _per_prompt(sampling_params, len(items))
+    rids = _per_prompt(rid, len(items)) if rid is not None else [None] * len(items)
+    reqs: list[GenerateReqInput] = []
+    for item, sp, r in zip(items, params, rids):
+        sp = dict(sp or {})
+        n = int(sp.pop("n", 1))
+        for k in range(n):
+            reqs.append(GenerateReqInput(
+                **item, sampling_params=dict(sp), stream=stream, return_logprob=return_logprob,
+                top_logprobs_num=top_logprobs_num, logprob_start_len=logprob_start_len,
+                return_text_in_logprobs=return_text_in_logprobs,
+                rid=(f"{r}-{k}" if n > 1 else r) if r is not None else uuid.uuid4().hex,
+            ))
+    return reqs, is_list or len(reqs) > 1
+
+
+def _per_prompt(value: Any, count: int) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != count:
+            raise ValueError(f"got {len(value)} entries for {count} prompts")
+        return value
+    return [value] * count
+
+
+# Engines still running at interpreter exit are shut down (no orphan children).
+_live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_engines() -> None:
+    for engine in list(_live_engines):
+        try:
+            engine.shutdown()
+        except Exception:
+            logger.exception("engine shutdown at exit failed")

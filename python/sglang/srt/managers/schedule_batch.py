@@ -1,0 +1,249 @@
+"""Scheduler-side request state and the two batch shapes (prefill, decode).
+
+Token regions of one request (all_ids = origin_input_ids + output_ids):
+
+    [0, cache_protected_len)   KV owned by the prefix cache, locked via last_node
+    [cache_protected_len, kv_len)
+                               KV owned by the request (req_to_token row)
+    [kv_len, len(all_ids))     no KV yet: the next extend (or, in decode, the
+                               single last token) computes it
+While decoding, kv_len == len(all_ids) - 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+
+if TYPE_CHECKING:
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+# Cap on the output tokens a request is assumed to still need, for admission.
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+def finish_length(length: int) -> dict[str, Any]:
+    return {"type": "length", "length": length, "matched": None}
+
+
+def finish_stop(matched: int | str | None) -> dict[str, Any]:
+    return {"type": "stop", "matched": matched}
+
+
+def finish_abort(message: str, status_code: int | None = None) -> dict[str, Any]:
+    reason: dict[str, Any] = {"type": "abort", "matched": None, "message": message}
+    if status_code is not None:
+        reason["status_code"] = status_code
+    return reason
+
+
+class Req:
+    """One request's state in the scheduler."""
+
+    def __init__(
+        self,
+        rid: str,
+        origin_input_ids: list[int],
+        sampling_params: SamplingParams,
+        *,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        logprob_start_len: int = -1,
+        stream: bool = False,
+    ) -> None:
+        self.rid = rid
+        self.origin_input_ids = origin_input_ids
+        self.output_ids: list[int] = []
+        self.sampling_params = sampling_params
+        self.return_logprob = return_logprob
+        self.top_logprobs_num = top_logprobs_num
+        self.logprob_start_len = logprob_start_len
+        self.stream = stream
+        self.max_new_tokens = sampling_params.max_new_tokens or CLIP_MAX_NEW_TOKENS
+        self.finished_reason: dict[str, Any] | None = None
+        # memory (see the region table above)
+        self.req_pool_idx: int | None = None
+        self.kv_len = 0
+        self.cache_protected_len = 0
+        self.last_node: Any = None
+        # this step's extend (prefill batches only)
+        self.extend_len = 0
+        self.is_chunked = False
+        self.num_cached_tokens = 0
+        self.admitted_once = False
+        # streaming progress: output_ids[:send_offset] already sent
+        self.send_offset = 0
+        self.sent_decode_params = False
+        self.logprobs = LogprobState() if return_logprob else None
+
+    def all_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def remaining_new_tokens(self) -> int:
+        return min(self.max_new_tokens - len(self.output_ids), CLIP_MAX_NEW_TOKENS)
+
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0 and not self.output_ids
+
+    def max_prefix_len(self) -> int:
+        """At least one token must be computed (its logits give the next token)."""
+        limit = self.seq_len - 1
+        if self.wants_input_logprobs():
+            limit = min(limit, self.logprob_start_len)
+        return limit
+
+    def __repr__(self) -> str:
+        return f"Req(rid={self.rid}, in={len(self.origin_input_ids)}, out={len(self.output_ids)})"
+
+
+@dataclass
+class LogprobState:
+    output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    input_sent: bool = False
+
+
+# ----------------------------------------------------------------------------
+# Prefill (EXTEND) batches
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class PrefillBatch:
+    """Requests admitted this step; each computes tokens [kv_len, kv_len + extend_len)."""
+
+    reqs: list[Req]
+    # int64[sum(extend_len)]: KV slots of the new tokens, in request order
+    out_cache_loc: torch.Tensor
+    prefix_lens: list[int]
+    forward_mode: ForwardMode = ForwardMode.EXTEND
+
+    def to_worker_batch(self, sampling_info: SamplingBatchInfo) -> ModelWorkerBatch:
+        reqs = self.reqs
+        input_ids: list[int] = []
+        for req, prefix_len in zip(reqs, self.prefix_lens):
+            input_ids.extend(_extend_tokens(req, prefix_len))
+        extend_lens = [r.extend_len for r in reqs]
+        return ModelWorkerBatch(
+            forward_mode=ForwardMode.EXTEND,
+            input_ids=torch.tensor(input_ids, dtype=torch.int64),
+            req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64),
+            seq_lens=torch.tensor(
+                [p + e for p, e in zip(self.prefix_lens, extend_lens)], dtype=torch.int64
+            ),
+            out_cache_loc=self.out_cache_loc,
+            sampling_info=sampling_info,
+            extend_seq_lens=extend_lens,
+            extend_prefix_lens=list(self.prefix_lens),
+            return_logprob=any(r.return_logprob for r in reqs),
+            top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
+            extend_input_logprob_start_lens=[
+                _input_logprob_start(r, p) for r, p in zip(reqs, self.prefix_lens)
+            ],
+        )
+
+
+def _extend_tokens(req: Req, prefix_len: int) -> list[int]:
+    end = prefix_len + req.extend_len
+    n_in = len(req.origin_input_ids)
+    if end <= n_in:
+        return req.origin_input_ids[prefix_len:end]
+    return req.all_ids()[prefix_len:end]
+
+
+def _input_logprob_start(req: Req, prefix_len: int) -> int:
+    """First chunk position whose input logprob is wanted (extend_len = none)."""
+    if not req.wants_input_logprobs():
+        return req.extend_len
+    return min(max(req.logprob_start_len - prefix_len, 0), req.extend_len)
+
+
+# ----------------------------------------------------------------------------
+# The running (DECODE) batch
+# ----------------------------------------------------------------------------
+
+
+class RunningBatch:
+    """Requests in the decode phase, with step-invariant tensors cached.
+
+    The cached tensors are rebuilt only when membership changes; seq_lens is
+    advanced in place after each decode step.
+    """
+
+    def __init__(self) -> None:
+        self.reqs: list[Req] = []
+        self._req_pool_indices: torch.Tensor | None = None  # int64[bs]
+        self._seq_lens: torch.Tensor | None = None  # int64[bs], kv_len before the step
+        self._sampling_info: SamplingBatchInfo | None = None
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def add(self, reqs: list[Req]) -> None:
+        if reqs:
+            self.reqs.extend(reqs)
+            self._invalidate()
+
+    def remove(self, gone: list[Req]) -> None:
+        if gone:
+            ids = {id(r) for r in gone}
+            self.reqs = [r for r in self.reqs if id(r) not in ids]
+            self._invalidate()
+
+    def _invalidate(self) -> None:
+        self._req_pool_indices = self._seq_lens = self._sampling_info = None
+
+    def req_pool_indices(self) -> torch.Tensor:
+        if self._req_pool_indices is None:
+            idx = [r.req_pool_idx for r in self.reqs]
+            self._req_pool_indices = torch.tensor(idx, dtype=torch.int64)
+        return self._req_pool_indices
+
+    def kv_lens(self) -> torch.Tensor:
+        if self._seq_lens is None:
+            self._seq_lens = torch.tensor([r.kv_len for r in self.reqs], dtype=torch.int64)
+        return self._seq_lens
+
+    def cached_sampling_info(self) -> SamplingBatchInfo | None:
+        return self._sampling_info
+
+    def set_sampling_info(self, info: SamplingBatchInfo | None) -> None:
+        self._sampling_info = info
+
+    def advance(self) -> None:
+        """After a decode step every request holds one more token of KV."""
+        for req in self.reqs:
+            req.kv_len += 1
+        if self._seq_lens is not None:
+            self._seq_lens += 1
+
+    def to_worker_batch(
+        self, out_cache_loc: torch.Tensor, sampling_info: SamplingBatchInfo
+    ) -> ModelWorkerBatch:
+        reqs = self.reqs
+        return_logprob = any(r.return_logprob for r in reqs)
+        return ModelWorkerBatch(
+            forward_mode=ForwardMode.DECODE,
+            input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
+            req_pool_indices=self.req_pool_indices(),
+            seq_lens=self.kv_lens() + 1,
+            out_cache_loc=out_cache_loc,
+            sampling_info=sampling_info,
+            return_logprob=return_logprob,
+            top_logprobs_nums=[r.top_logprobs_num for r in reqs] if return_logprob else None,
+        )

@@ -1,0 +1,156 @@
+"""Admission policy: the order of the waiting queue and the prefill budget.
+
+Pure decisions over numbers and request fields; no I/O, no allocation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sglang.srt.managers.schedule_batch import Req
+
+POLICIES = ("fcfs", "lpm", "dfs-weight", "random")
+# Past this queue length, prefix-aware orderings cost more than they save.
+PREFIX_POLICY_MAX_QUEUE = 128
+
+
+class SchedulePolicy:
+    """Orders the waiting queue. Prefix-aware policies take a `match_len(req)` callback."""
+
+    def __init__(self, policy: str, seed: int = 0) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown schedule policy {policy!r}; choose from {POLICIES}")
+        self.policy = policy
+        self.rng = random.Random(seed)
+
+    def order(self, waiting: list[Req], match: Callable[[Req], tuple[int, Any]]) -> list[Req]:
+        """A new list: the admission order for this step (stable within ties)."""
+        policy = self.policy
+        if policy in ("lpm", "dfs-weight") and len(waiting) > PREFIX_POLICY_MAX_QUEUE:
+            policy = "fcfs"
+        if policy == "fcfs":
+            return list(waiting)
+        if policy == "random":
+            out = list(waiting)
+            self.rng.shuffle(out)
+            return out
+        matches = {id(r): match(r) for r in waiting}
+        if policy == "lpm":
+            return sorted(waiting, key=lambda r: -matches[id(r)][0])
+        return _dfs_weight_order(waiting, {k: v[1] for k, v in matches.items()})
+
+
+def _dfs_weight_order(waiting: list[Req], last_nodes: dict[int, Any]) -> list[Req]:
+    """Walk the prefix tree, heaviest subtree (most waiting requests) first."""
+    weight: dict[int, int] = {}
+    children: dict[int, list[Any]] = {}
+    by_node: dict[int, list[Req]] = {}
+    roots: list[Any] = []
+    for req in waiting:
+        node = last_nodes[id(req)]
+        by_node.setdefault(id(node), []).append(req)
+        while node is not None:
+            first_visit = id(node) not in weight
+            weight[id(node)] = weight.get(id(node), 0) + 1
+            parent = getattr(node, "parent", None)
+            if first_visit:
+                (children.setdefault(id(parent), []) if parent is not None else roots).append(node)
+            node = parent
+    out: list[Req] = []
+    stack = sorted(roots, key=lambda n: weight[id(n)])
+    while stack:
+        node = stack.pop()
+        out.extend(by_node.get(id(node), []))
+        stack.extend(sorted(children.get(id(node), []), key=lambda n: weight[id(n)]))
+    return out
+
+
+@dataclass
+class PrefillBudget:
+    """What one prefill batch may still take (all in tokens unless named)."""
+
+    rem_total_tokens: int  # free + evictable KV, minus what running requests will need
+    rem_input_tokens: int  # max_prefill_tokens left
+    rem_chunk_tokens: int | None  # chunked_prefill_size left; None = no chunking
+    rem_running_slots: int  # max_running_requests minus running and admitted
+    page_size: int = 1
+    stopped: bool = False
+    num_admitted: int = 0
+
+    def grant(self, extend_len: int, reserve_output: int) -> int | None:
+        """Tokens of this request to compute now (< extend_len: a chunk), or None.
+
+        None means the request does not fit; the caller stops admitting."""
+        if self.stopped or self.rem_running_slots <= 0:
+            return None
+        granted = extend_len
+        if self.rem_chunk_tokens is not None and granted > self.rem_chunk_tokens:
+            granted = self._aligned(self.rem_chunk_tokens)
+        if granted <= 0:
+            return None
+        truncated = granted < extend_len
+        need = granted + (0 if truncated else reserve_output)
+        if need > self.rem_total_tokens:
+            return None
+        if granted > self.rem_input_tokens and self.num_admitted > 0:
+            return None
+        self._charge(granted, need, truncated)
+        return granted
+
+    def charge_locked(self, num_tokens: int) -> None:
+        """Evictable tokens that became locked (a matched prefix) are no longer free."""
+        self.rem_total_tokens -= num_tokens
+
+    def _charge(self, granted: int, need: int, truncated: bool) -> None:
+        self.rem_total_tokens -= need
+        self.rem_input_tokens -= granted
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens -= granted
+        self.rem_running_slots -= 1
+        self.num_admitted += 1
+        if truncated or self.rem_input_tokens <= 0:
+            self.stopped = True
+
+    def _aligned(self, n: int) -> int:
+        return n // self.page_size * self.page_size
+
+
+class NewTokenRatio:
+    """Fraction of a running request's remaining max_new_tokens assumed still needed.
+
+    Starts optimistic-but-safe, decays each decode step, and jumps back up after
+    a retraction (memory ran short, so the estimate was too low).
+    """
+
+    def __init__(self, conservativeness: float = 1.0, decay_steps: int = 600) -> None:
+        self.init = min(0.7 * conservativeness, 1.0)
+        self.min = min(0.1 * conservativeness, self.init)
+        self.step = (self.init - self.min) / decay_steps
+        self.value = self.init
+
+    def decay(self) -> None:
+        self.value = max(self.value - self.step, self.min)
+
+    def on_retract(self) -> None:
+        self.value = self.init
+
+    def reserve(self, reqs: list[Req]) -> int:
+        return int(sum(r.remaining_new_tokens() for r in reqs) * self.value)
+
+
+def pick_retractions(running: list[Req], need_tokens: int, free_tokens: int) -> list[Req]:
+    """Requests to retract so that `need_tokens` fit: fewest outputs, longest inputs first.
+
+    Always keeps at least one request running."""
+    order = sorted(running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
+    out: list[Req] = []
+    for req in order[:-1]:
+        if free_tokens >= need_tokens:
+            break
+        out.append(req)
+        free_tokens += req.kv_len
+        need_tokens -= 1
+    return out

@@ -1,0 +1,239 @@
+"""The scheduler process: continuous batching over one TpModelWorker.
+
+A step is three verbs: `get_next_batch_to_run()` (a prefill batch if admission
+yields one, else the running decode batch), `run_batch()`, and
+`process_batch_result()`. The parts live in `scheduler_parts/`:
+admission (prefill batches), memory (alloc/release/retract), results
+(tokens, stop checks, outputs) and requests (incoming messages).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch, finish_abort
+from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy
+from sglang.srt.managers.scheduler_parts.admission import SchedulerAdmissionMixin
+from sglang.srt.managers.scheduler_parts.memory import SchedulerMemoryMixin
+from sglang.srt.managers.scheduler_parts.requests import SchedulerRequestsMixin
+from sglang.srt.managers.scheduler_parts.results import SchedulerResultsMixin
+from sglang.srt.mem_cache.chunk_cache import ChunkCache
+from sglang.srt.mem_cache.radix_cache import RadixCache
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_MS = 50
+
+
+class DecodeStep:
+    """Marker for "run the running batch one token forward"."""
+
+    def __init__(self, out_cache_loc: torch.Tensor) -> None:
+        self.out_cache_loc = out_cache_loc  # int64[bs]
+
+
+class Scheduler(
+    SchedulerAdmissionMixin,
+    SchedulerMemoryMixin,
+    SchedulerResultsMixin,
+    SchedulerRequestsMixin,
+):
+    def __init__(self, tp_worker: Any, model_config: Any, tokenizer: Any,
+                 recv_from_tokenizer: Any, send_to_detokenizer: Any, send_to_tokenizer: Any):
+        self.tp_worker, self.model_config, self.tokenizer = tp_worker, model_config, tokenizer
+        self.recv_from_tokenizer = recv_from_tokenizer
+        self.send_to_detokenizer = send_to_detokenizer
+        self.send_to_tokenizer = send_to_tokenizer
+        self._init_config()
+        self._init_memory()
+        self._init_state()
+
+    def _init_config(self) -> None:
+        from sglang.srt.runtime_context import get_exec, get_memory, get_schedule
+
+        sched, mem = get_schedule(), get_memory()
+        self.policy = SchedulePolicy(sched.schedule_policy, seed=get_exec().random_seed or 0)
+        self.chunked_prefill_size = sched.chunked_prefill_size
+        self.max_prefill_tokens = sched.max_prefill_tokens
+        self.max_queued_requests = sched.max_queued_requests
+        self.stream_interval = max(1, sched.stream_interval)
+        self.new_token_ratio = NewTokenRatio(sched.schedule_conservativeness)
+        self.page_size = mem.page_size
+        self.disable_radix_cache = mem.disable_radix_cache
+        self._configured_max_running = sched.max_running_requests
+
+    def _init_memory(self) -> None:
+        runner = self.tp_worker.model_runner
+        self.req_to_token_pool = runner.req_to_token_pool
+        self.allocator = runner.token_to_kv_pool_allocator
+        self.max_total_num_tokens = runner.max_total_num_tokens
+        limits = [runner.max_running_requests, self.req_to_token_pool.size]
+        if self._configured_max_running:
+            limits.append(self._configured_max_running)
+        self.max_running_requests = min(limits)
+        self.device = getattr(runner, "device", "cpu")
+        self.context_len = self.model_config.context_len
+        self.eos_token_ids = set(self.model_config.eos_token_ids or ())
+        self.vocab_size = self.model_config.vocab_size
+        if self.disable_radix_cache:
+            self.tree_cache = ChunkCache(self.req_to_token_pool, self.allocator)
+        else:
+            self.tree_cache = RadixCache(self.req_to_token_pool, self.allocator, self.page_size)
+
+    def _init_state(self) -> None:
+        self.waiting_queue: list[Req] = []
+        self.running = RunningBatch()
+        self.chunked_req: Req | None = None
+        self.pending_outputs: list[Req] = []
+        self.cache_hits = self.cache_queries = 0
+        self.last_gen_throughput = 0.0
+        self._tput_tokens, self._tput_t0 = 0, time.perf_counter()
+        self._checked_idle = True
+
+    def ready_info(self) -> dict[str, Any]:
+        return {
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "max_running_requests": self.max_running_requests,
+            "context_len": self.context_len,
+            "max_req_input_len": min(self.context_len - 1, self.max_total_num_tokens - 1),
+        }
+
+    # ------------------------------------------------------------------ the loop
+
+    def event_loop(self) -> None:
+        while True:
+            self.step(block=self.is_idle())
+
+    def step(self, block: bool = False) -> None:
+        """Receive, schedule one batch, run it, process it, emit outputs."""
+        self.process_input_requests(self.recv_requests(block))
+        batch = self.get_next_batch_to_run()
+        if batch is not None:
+            result = self.run_batch(batch)
+            self.process_batch_result(batch, result)
+            self._checked_idle = False
+        self.emit_outputs()
+        if batch is None and self.is_idle() and not self._checked_idle:
+            self.check_memory_integrity()
+            self._checked_idle = True
+
+    def recv_requests(self, block: bool) -> list[Any]:
+        if block:
+            first = self.recv_from_tokenizer.recv(timeout_ms=IDLE_POLL_MS)
+            if first is None:
+                return []
+            return [first, *self.recv_from_tokenizer.recv_all_nowait()]
+        return self.recv_from_tokenizer.recv_all_nowait()
+
+    def get_next_batch_to_run(self) -> PrefillBatch | DecodeStep | None:
+        return self.get_new_prefill_batch() or self.get_decode_batch()
+
+    def get_decode_batch(self) -> DecodeStep | None:
+        if not len(self.running):
+            return None
+        if not self.decode_fits():
+            self.retract_for_decode()
+        kv_lens, pool_indices = self.running.kv_lens(), self.running.req_pool_indices()
+        out_cache_loc = self.alloc_decode(kv_lens, pool_indices)
+        if out_cache_loc is None:
+            self._abort_unfittable()
+            return None
+        self.req_to_token_pool.write((pool_indices, kv_lens), out_cache_loc)
+        return DecodeStep(out_cache_loc.to(torch.int64))
+
+    def _abort_unfittable(self) -> None:
+        """A single request that outgrew the whole pool: it cannot make progress."""
+        reqs = list(self.running.reqs)
+        self.running.remove(reqs)
+        for req in reqs:
+            req.finished_reason = finish_abort("The KV cache is too small for this request.")
+            self.release_req(req)
+            self.pending_outputs.append(req)
+
+    def run_batch(self, batch: PrefillBatch | DecodeStep) -> Any:
+        if isinstance(batch, PrefillBatch):
+            info = self._sampling_info(batch.reqs)
+            return self.tp_worker.forward_batch_generation(batch.to_worker_batch(info))
+        info = self.running.cached_sampling_info()
+        if info is None:
+            info = self._sampling_info(self.running.reqs)
+            if not any(_needs_fresh_sampling_info(r) for r in self.running.reqs):
+                self.running.set_sampling_info(info)
+        worker_batch = self.running.to_worker_batch(batch.out_cache_loc, info)
+        return self.tp_worker.forward_batch_generation(worker_batch)
+
+    def _sampling_info(self, reqs: list[Req]) -> Any:
+        from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+        return SamplingBatchInfo.from_requests(
+            [r.sampling_params for r in reqs],
+            [r.output_ids for r in reqs],
+            self.vocab_size,
+            self.device,
+            eos_token_ids=self.eos_token_ids,
+        )
+
+    def process_batch_result(self, batch: PrefillBatch | DecodeStep, result: Any) -> None:
+        if isinstance(batch, PrefillBatch):
+            self.process_prefill_result(batch, result)
+            return
+        self.process_decode_result(result)
+        self.new_token_ratio.decay()
+        self._count_throughput(len(result.next_token_ids))
+
+    def _count_throughput(self, num_tokens: int) -> None:
+        self._tput_tokens += num_tokens
+        elapsed = time.perf_counter() - self._tput_t0
+        if elapsed >= 2.0:
+            self.last_gen_throughput = self._tput_tokens / elapsed
+            self._tput_tokens, self._tput_t0 = 0, time.perf_counter()
+
+
+def _needs_fresh_sampling_info(req: Req) -> bool:
+    """Sampling tensors that change with every generated token."""
+    p = req.sampling_params
+    return (
+        p.seed is not None
+        or len(req.output_ids) < p.min_new_tokens
+        or p.frequency_penalty != 0.0
+        or p.presence_penalty != 0.0
+        or p.repetition_penalty != 1.0
+    )
+
+
+# ----------------------------------------------------------------------------
+# Process entry
+# ----------------------------------------------------------------------------
+
+
+def run_scheduler_process(server_args: Any, port_args: Any, tp_rank: int, ready_writer: Any):
+    """Process entry: publish, build the worker and scheduler, report ready, loop."""
+    from sglang.srt.managers.process_entry import run_child
+
+    run_child("scheduler", server_args, ready_writer, lambda: _build(port_args, tp_rank))
+
+
+def _build(port_args: Any, tp_rank: int):
+    import zmq
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.managers.ipc import PullEndpoint, PushEndpoint
+    from sglang.srt.managers.tokenizer_manager import load_tokenizer
+    from sglang.srt.managers.tp_worker import TpModelWorker
+
+    model_config = ModelConfig.from_server_args()
+    tp_worker = TpModelWorker(model_config, tp_rank=tp_rank)
+    ctx = zmq.Context(2)
+    scheduler = Scheduler(
+        tp_worker,
+        model_config,
+        load_tokenizer(),
+        PullEndpoint(ctx, port_args.scheduler_input_ipc_name),
+        PushEndpoint(ctx, port_args.detokenizer_ipc_name),
+        PushEndpoint(ctx, port_args.tokenizer_ipc_name),
+    )
+    return scheduler.ready_info(), scheduler.event_loop

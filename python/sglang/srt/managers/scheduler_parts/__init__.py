@@ -1,0 +1,1 @@
+"""The scheduler, split by concern: admission, memory, results/outputs, requests."""

@@ -1,0 +1,130 @@
+"""Admission: build a prefill (EXTEND) batch from the waiting queue."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sglang.srt.managers.schedule_batch import PrefillBatch
+from sglang.srt.managers.schedule_policy import PrefillBudget
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req, RunningBatch
+    from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy
+    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
+
+
+class SchedulerAdmissionMixin:
+    waiting_queue: list[Req]
+    running: RunningBatch
+    chunked_req: Req | None
+    tree_cache: BasePrefixCache
+    req_to_token_pool: Any
+    policy: SchedulePolicy
+    new_token_ratio: NewTokenRatio
+    max_running_requests: int
+    max_prefill_tokens: int
+    chunked_prefill_size: int | None
+    page_size: int
+
+    def get_new_prefill_batch(self) -> PrefillBatch | None:
+        if not self.waiting_queue and self.chunked_req is None:
+            return None
+        budget = self._new_budget()
+        admitted: list[Req] = []
+        prefix_lens: list[int] = []
+        for req in self._candidates():
+            prefix_len = self._admit(req, budget)
+            if prefix_len is None:
+                break
+            admitted.append(req)
+            prefix_lens.append(prefix_len)
+        if not admitted:
+            return None
+        return self._finish_prefill_batch(admitted, prefix_lens)
+
+    def _new_budget(self) -> PrefillBudget:
+        in_flight = self.running.reqs + ([self.chunked_req] if self.chunked_req else [])
+        reserve = self.new_token_ratio.reserve(in_flight)
+        chunk = self.chunked_prefill_size
+        return PrefillBudget(
+            rem_total_tokens=self.free_kv_tokens() - reserve,
+            rem_input_tokens=self.max_prefill_tokens,
+            rem_chunk_tokens=chunk if chunk is not None and chunk > 0 else None,
+            rem_running_slots=self.max_running_requests - len(self.running),
+            page_size=self.page_size,
+        )
+
+    def _candidates(self) -> list[Req]:
+        ordered = self.policy.order(self.waiting_queue, self._match_for_policy)
+        if self.chunked_req is not None:
+            ordered.insert(0, self.chunked_req)
+        return ordered
+
+    def _match_for_policy(self, req: Req) -> tuple[int, Any]:
+        match = self.tree_cache.match_prefix(req.all_ids()[: req.max_prefix_len()])
+        return match.prefix_len, match.last_node
+
+    # ------------------------------------------------------------------ one request
+
+    def _admit(self, req: Req, budget: PrefillBudget) -> int | None:
+        """Lock the prefix, take a row, grant tokens; returns the prefix length or None."""
+        if req.req_pool_idx is None and self.req_to_token_pool.available_size() == 0:
+            return None
+        evictable_before = self.tree_cache.evictable_size()
+        if req.req_pool_idx is None:
+            self._attach_prefix(req)
+        budget.charge_locked(evictable_before - self.tree_cache.evictable_size())
+        prefix_len = req.kv_len
+        remaining = req.seq_len - prefix_len
+        granted = budget.grant(remaining, req.remaining_new_tokens())
+        if granted is None:
+            if not req.is_chunked:
+                self._detach_prefix(req)
+            return None
+        req.extend_len = granted
+        req.is_chunked = granted < remaining
+        return prefix_len
+
+    def _attach_prefix(self, req: Req) -> None:
+        match = self.tree_cache.match_prefix(req.all_ids()[: req.max_prefix_len()])
+        self.tree_cache.inc_lock_ref(match.last_node)
+        req.last_node = match.last_node
+        req.cache_protected_len = req.kv_len = match.prefix_len
+        req.req_pool_idx = self.req_to_token_pool.alloc(1)[0]
+        if match.prefix_len:
+            self.req_to_token_pool.write(
+                (req.req_pool_idx, slice(0, match.prefix_len)), match.device_indices
+            )
+        if not req.admitted_once:
+            req.num_cached_tokens = match.prefix_len
+            self.cache_hits += match.prefix_len
+            self.cache_queries += len(req.origin_input_ids)
+
+    def _detach_prefix(self, req: Req) -> None:
+        self.tree_cache.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx, req.last_node = None, None
+        req.kv_len = req.cache_protected_len = 0
+
+    # ------------------------------------------------------------------ the batch
+
+    def _finish_prefill_batch(self, reqs: list[Req], prefix_lens: list[int]) -> PrefillBatch:
+        seq_lens = [p + r.extend_len for r, p in zip(reqs, prefix_lens)]
+        pool_indices = [r.req_pool_idx for r in reqs]
+        out_cache_loc = self.alloc_extend(prefix_lens, seq_lens, pool_indices)
+        assert out_cache_loc is not None, "admission budget admitted more than the pool holds"
+        offset = 0
+        for req, p, s in zip(reqs, prefix_lens, seq_lens):
+            n = s - p
+            self.req_to_token_pool.write(
+                (req.req_pool_idx, slice(p, s)), out_cache_loc[offset : offset + n]
+            )
+            offset += n
+            req.admitted_once = True
+        admitted_ids = {id(r) for r in reqs}
+        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted_ids]
+        self.chunked_req = None
+        return PrefillBatch(reqs=reqs, out_cache_loc=out_cache_loc.to(torch.int64),
+                            prefix_lens=prefix_lens)

@@ -1,0 +1,157 @@
+"""Incoming messages: new requests, aborts and control requests."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    FlushCacheReqInput,
+    FlushCacheReqOutput,
+    GetInternalStateReq,
+    GetInternalStateReqOutput,
+    TokenizedGenerateReqInput,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightFromDiskReqOutput,
+)
+from sglang.srt.managers.schedule_batch import Req, finish_abort
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import RunningBatch
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerRequestsMixin:
+    waiting_queue: list[Req]
+    running: RunningBatch
+    chunked_req: Req | None
+    pending_outputs: list[Req]
+    max_queued_requests: int | None
+    context_len: int
+    send_to_tokenizer: Any
+    tp_worker: Any
+
+    def process_input_requests(self, msgs: list[Any]) -> None:
+        for msg in msgs:
+            handler = self._handlers().get(type(msg))
+            if handler is None:
+                logger.error("scheduler: unknown message %r", type(msg).__name__)
+                continue
+            handler(msg)
+
+    def _handlers(self) -> dict[type, Any]:
+        return {
+            TokenizedGenerateReqInput: self.handle_generate,
+            AbortReq: self.handle_abort,
+            FlushCacheReqInput: self.handle_flush_cache,
+            GetInternalStateReq: self.handle_get_internal_state,
+            UpdateWeightFromDiskReqInput: self.handle_update_weights,
+        }
+
+    # ------------------------------------------------------------------ generate / abort
+
+    def handle_generate(self, msg: TokenizedGenerateReqInput) -> None:
+        req = Req(
+            msg.rid,
+            list(msg.input_ids),
+            msg.sampling_params,
+            return_logprob=msg.return_logprob,
+            top_logprobs_num=msg.top_logprobs_num,
+            logprob_start_len=msg.logprob_start_len,
+            stream=msg.stream,
+        )
+        if msg.sampling_params.max_new_tokens is None:
+            req.max_new_tokens = self.context_len - len(req.origin_input_ids)
+        limit = self.max_queued_requests
+        if limit is not None and len(self.waiting_queue) >= limit:
+            text = f"The request queue is full (max_queued_requests={limit}); retry later."
+            req.finished_reason = finish_abort(text, status_code=503)
+            self.pending_outputs.append(req)
+            return
+        self.waiting_queue.append(req)
+
+    def handle_abort(self, msg: AbortReq) -> None:
+        for i, req in enumerate(self.waiting_queue):
+            if req.rid == msg.rid:
+                del self.waiting_queue[i]
+                self._finish_aborted(req, msg.message)
+                return
+        if self.chunked_req is not None and self.chunked_req.rid == msg.rid:
+            req, self.chunked_req = self.chunked_req, None
+            self._finish_aborted(req, msg.message)
+            return
+        for req in self.running.reqs:
+            if req.rid == msg.rid:
+                self.running.remove([req])
+                self._finish_aborted(req, msg.message)
+                return
+
+    def _finish_aborted(self, req: Req, message: str) -> None:
+        req.finished_reason = finish_abort(message)
+        self.release_req(req)
+        self.pending_outputs.append(req)
+
+    # ------------------------------------------------------------------ control
+
+    def is_idle(self) -> bool:
+        return not self.waiting_queue and not len(self.running) and self.chunked_req is None
+
+    def handle_flush_cache(self, msg: FlushCacheReqInput) -> None:
+        if not self.is_idle():
+            out = FlushCacheReqOutput(False, "Cannot flush the cache while requests are in flight.")
+        else:
+            self.tree_cache.reset()
+            self.allocator.clear()
+            self.req_to_token_pool.clear()
+            self.cache_hits = self.cache_queries = 0
+            out = FlushCacheReqOutput(True, "Cache flushed.")
+        self.send_to_tokenizer.send(out)
+
+    def handle_get_internal_state(self, msg: GetInternalStateReq) -> None:
+        self.send_to_tokenizer.send(GetInternalStateReqOutput(self.internal_state()))
+
+    def internal_state(self) -> dict[str, Any]:
+        from sglang.srt.runtime_context import get_context
+
+        state = dict(get_context().resolved_server_args_dict())
+        state.update(self.live_figures())
+        return state
+
+    def live_figures(self) -> dict[str, Any]:
+        used = self.used_kv_tokens()
+        return {
+            "num_running_reqs": len(self.running) + (1 if self.chunked_req else 0),
+            "num_queued_reqs": len(self.waiting_queue),
+            "token_usage": round(used / max(self.max_total_num_tokens, 1), 4),
+            "num_used_tokens": used,
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "max_running_requests": self.max_running_requests,
+            "available_kv_tokens": self.allocator.available_size(),
+            "cached_kv_tokens": self.tree_cache.total_size(),
+            "free_req_slots": self.req_to_token_pool.available_size(),
+            "total_req_slots": self.req_to_token_pool.size,
+            "cache_hit_rate": round(self.cache_hits / max(self.cache_queries, 1), 4),
+            "last_gen_throughput": round(self.last_gen_throughput, 2),
+            "timestamp": time.time(),
+        }
+
+    def handle_update_weights(self, msg: UpdateWeightFromDiskReqInput) -> None:
+        from sglang.srt.runtime_context import get_context
+
+        if not self.is_idle():
+            ok, text = False, "Cannot update weights while requests are in flight."
+        else:
+            ok, text = self.tp_worker.update_weights_from_disk(msg.model_path, msg.load_format)
+        if ok:
+            fields: dict[str, Any] = {"model_path": msg.model_path}
+            if msg.load_format is not None:
+                fields["load_format"] = msg.load_format
+            get_context().override("update_weights_from_disk", **fields)
+            self.tree_cache.reset()
+            self.allocator.clear()
+        self.send_to_tokenizer.send(
+            UpdateWeightFromDiskReqOutput(ok, text, msg.model_path, msg.load_format)
+        )

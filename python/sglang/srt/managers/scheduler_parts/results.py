@@ -1,0 +1,181 @@
+"""Processing a forward's result: append tokens, stop checks, free KV, emit outputs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sglang.srt.managers.io_struct import BatchTokenIDOutput, DecodeParams
+from sglang.srt.managers.schedule_batch import finish_length, finish_stop
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch
+    from sglang.srt.model_executor.forward_batch_info import GenerationBatchResult
+
+
+class SchedulerResultsMixin:
+    running: RunningBatch
+    chunked_req: Req | None
+    eos_token_ids: set[int]
+    tokenizer: Any
+    context_len: int
+    stream_interval: int
+    send_to_detokenizer: Any
+    pending_outputs: list[Req]
+
+    # ------------------------------------------------------------------ prefill
+
+    def process_prefill_result(self, batch: PrefillBatch, result: GenerationBatchResult) -> None:
+        joined: list[Req] = []
+        for i, req in enumerate(batch.reqs):
+            req.kv_len += req.extend_len
+            self._record_input_logprobs(req, result, i)
+            if req.is_chunked:
+                self.tree_cache.cache_unfinished_req(req, req.all_ids()[: req.kv_len])
+                self.chunked_req = req
+                continue
+            if req.finished:  # aborted while its prefill ran
+                self.release_req(req)
+                continue
+            if req.max_new_tokens == 0:
+                req.finished_reason = finish_length(0)
+            else:
+                self._append_token(req, result, i)
+            if req.finished:
+                self.release_req(req)
+                self.pending_outputs.append(req)
+            else:
+                joined.append(req)
+                self._maybe_stream(req)
+        self.running.add(joined)
+
+    # ------------------------------------------------------------------ decode
+
+    def process_decode_result(self, result: GenerationBatchResult) -> None:
+        self.running.advance()
+        done: list[Req] = []
+        for i, req in enumerate(self.running.reqs):
+            self._append_token(req, result, i)
+            if req.finished:
+                done.append(req)
+                self.release_req(req)
+                self.pending_outputs.append(req)
+            else:
+                self._maybe_stream(req)
+        self.running.remove(done)
+
+    # ------------------------------------------------------------------ per request
+
+    def _append_token(self, req: Req, result: GenerationBatchResult, i: int) -> None:
+        token = result.next_token_ids[i]
+        req.output_ids.append(token)
+        if req.logprobs is not None:
+            self._record_output_logprobs(req, result, i, token)
+        self.check_finished(req)
+
+    def check_finished(self, req: Req) -> None:
+        out = req.output_ids
+        if len(out) >= req.max_new_tokens:
+            req.finished_reason = finish_length(req.max_new_tokens)
+            return
+        if req.seq_len >= self.context_len:
+            req.finished_reason = finish_length(len(out))
+            return
+        params = req.sampling_params
+        if len(out) < params.min_new_tokens:
+            return
+        token = out[-1]
+        if token in params.stop_token_ids or (
+            not params.ignore_eos and token in self.eos_token_ids
+        ):
+            req.finished_reason = finish_stop(token)
+        elif params.stop_strs and self.tokenizer is not None:
+            self._check_stop_strs(req)
+
+    def _check_stop_strs(self, req: Req) -> None:
+        stops = req.sampling_params.stop_strs
+        window = max(len(s) for s in stops) + 2
+        tail = self.tokenizer.decode(req.output_ids[-window:])
+        for stop in stops:
+            if stop in tail:
+                req.finished_reason = finish_stop(stop)
+                return
+
+    def _maybe_stream(self, req: Req) -> None:
+        if req.stream and len(req.output_ids) - req.send_offset >= self.stream_interval:
+            self.pending_outputs.append(req)
+
+    # ------------------------------------------------------------------ logprobs
+
+    def _record_output_logprobs(self, req: Req, result: Any, i: int, token: int) -> None:
+        if result.next_token_logprobs is not None:
+            req.logprobs.output_token_logprobs.append((result.next_token_logprobs[i], token))
+        if req.top_logprobs_num and result.next_token_top_logprobs is not None:
+            req.logprobs.output_top_logprobs.append(result.next_token_top_logprobs[i])
+
+    def _record_input_logprobs(self, req: Req, result: Any, i: int) -> None:
+        if not req.wants_input_logprobs() or result.input_token_logprobs is None:
+            return
+        logprobs = result.input_token_logprobs[i]
+        end = req.kv_len
+        start = end - len(logprobs)
+        ids = req.origin_input_ids[start:end]
+        req.logprobs.input_token_logprobs.extend(zip(logprobs, ids))
+        if req.top_logprobs_num and result.input_top_logprobs is not None:
+            req.logprobs.input_top_logprobs.extend(result.input_top_logprobs[i])
+
+    # ------------------------------------------------------------------ emission
+
+    def emit_outputs(self) -> None:
+        """Send one BatchTokenIDOutput for every request that has something new."""
+        reqs, self.pending_outputs = self.pending_outputs, []
+        if not reqs:
+            return
+        seen: set[int] = set()
+        reqs = [r for r in reqs if not (id(r) in seen or seen.add(id(r)))]
+        msg = BatchTokenIDOutput(
+            rids=[r.rid for r in reqs],
+            new_output_ids=[r.output_ids[r.send_offset :] for r in reqs],
+            finished_reasons=[r.finished_reason for r in reqs],
+            prompt_tokens=[len(r.origin_input_ids) for r in reqs],
+            completion_tokens=[len(r.output_ids) for r in reqs],
+            cached_tokens=[r.num_cached_tokens for r in reqs],
+            decode_params=[_decode_params_once(r) for r in reqs],
+        )
+        if any(r.logprobs is not None for r in reqs):
+            _attach_logprobs(msg, reqs)
+        for req in reqs:
+            req.send_offset = len(req.output_ids)
+        self.send_to_detokenizer.send(msg)
+
+
+def _decode_params_once(req: Req) -> DecodeParams | None:
+    if req.sent_decode_params:
+        return None
+    req.sent_decode_params = True
+    p = req.sampling_params
+    return DecodeParams(
+        skip_special_tokens=p.skip_special_tokens,
+        spaces_between_special_tokens=p.spaces_between_special_tokens,
+        no_stop_trim=p.no_stop_trim,
+        stop_strs=tuple(p.stop_strs),
+        stream=req.stream,
+    )
+
+
+def _attach_logprobs(msg: BatchTokenIDOutput, reqs: list[Req]) -> None:
+    msg.output_token_logprobs, msg.output_top_logprobs = [], []
+    msg.input_token_logprobs, msg.input_top_logprobs = [], []
+    for req in reqs:
+        lp = req.logprobs
+        if lp is None:
+            for lst in (msg.output_token_logprobs, msg.output_top_logprobs,
+                        msg.input_token_logprobs, msg.input_top_logprobs):
+                lst.append([])
+            continue
+        start = req.send_offset
+        msg.output_token_logprobs.append(lp.output_token_logprobs[start:])
+        msg.output_top_logprobs.append(lp.output_top_logprobs[start:])
+        send_input = not lp.input_sent and bool(req.output_ids or req.finished)
+        msg.input_token_logprobs.append(lp.input_token_logprobs if send_input else [])
+        msg.input_top_logprobs.append(lp.input_top_logprobs if send_input else [])
+        lp.input_sent = lp.input_sent or send_input

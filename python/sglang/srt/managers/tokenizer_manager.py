@@ -1,0 +1,356 @@
+"""The TokenizerManager: the main process's asyncio front of the runtime.
+
+It tokenizes and validates requests, sends them to the scheduler, and wakes
+the waiting coroutine when the detokenizer's BatchStrOutput arrives. One
+instance per Engine / HTTP server; several may share a process, so per-engine
+control-plane state (model path after a weight reload, detected parsers) lives
+here (`record_config_updates`), not in the process-wide config bags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchStrOutput,
+    FlushCacheReqInput,
+    FlushCacheReqOutput,
+    GenerateReqInput,
+    GetInternalStateReq,
+    GetInternalStateReqOutput,
+    TokenizedGenerateReqInput,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightFromDiskReqOutput,
+)
+from sglang.srt.managers.ipc import AsyncPullEndpoint, PushEndpoint
+
+logger = logging.getLogger(__name__)
+
+# How often a waiting request re-checks that the runtime is alive.
+LIVENESS_POLL_S = 0.5
+
+
+def load_tokenizer() -> Any:
+    """The HF tokenizer named by the published `model` bag (None if skipped)."""
+    from transformers import AutoTokenizer
+
+    from sglang.srt.runtime_context import get_model
+
+    model = get_model()
+    if model.skip_tokenizer_init:
+        return None
+    path = model.tokenizer_path or model.model_path
+    return AutoTokenizer.from_pretrained(
+        path, trust_remote_code=model.trust_remote_code, revision=model.revision
+    )
+
+
+@dataclass
+class ReqState:
+    """A request's accumulated output, filled by the receive loop."""
+
+    obj: GenerateReqInput
+    prompt_tokens: int
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    finished_reason: dict[str, Any] | None = None
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[Any] = field(default_factory=list)
+    error: str | None = None
+
+
+class TokenizerManager:
+    def __init__(self, server_args: Any, port_args: Any, ready_info: dict[str, Any] | None = None):
+        from sglang.srt.runtime_context import publish
+
+        publish(server_args, role="tokenizer")
+        self.server_args = server_args
+        self.port_args = port_args
+        self._init_config(ready_info or {})
+        self._init_ipc()
+        self.rid_to_state: dict[str, ReqState] = {}
+        self._control_waiters: dict[type, deque[asyncio.Future]] = {}
+        self._config_updates: dict[str, Any] = {}
+        self._dead_message: str | None = None
+        self._handle_loop_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _init_config(self, ready_info: dict[str, Any]) -> None:
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.runtime_context import get_model, get_serving
+
+        self.model_config = ModelConfig.from_server_args()
+        self.tokenizer = load_tokenizer()
+        self.model_path = get_model().model_path
+        self.served_model_name = get_serving().served_model_name or self.model_path
+        self.context_len = int(ready_info.get("context_len", self.model_config.context_len))
+        self.max_req_input_len = int(ready_info.get("max_req_input_len", self.context_len - 1))
+        self.ready_info = dict(ready_info)
+        self._base_config = dict(self.server_args.resolved_dict())
+
+    def _init_ipc(self) -> None:
+        self._sync_ctx = zmq.Context(1)
+        self._async_ctx = zmq.asyncio.Context(1)
+        self.recv_from_detokenizer = AsyncPullEndpoint(
+            self._async_ctx, self.port_args.tokenizer_ipc_name
+        )
+        self.send_to_scheduler = PushEndpoint(
+            self._sync_ctx, self.port_args.scheduler_input_ipc_name
+        )
+
+    # ------------------------------------------------------------------ config state
+
+    def record_config_updates(self, source: str, **kw: Any) -> None:
+        logger.info("config update from %s: %s", source, kw)
+        self._config_updates.update(kw)
+
+    def config_value(self, name: str) -> Any:
+        if name in self._config_updates:
+            return self._config_updates[name]
+        return self._base_config[name]
+
+    def resolved_config_dict(self) -> dict[str, Any]:
+        return {**self._base_config, **self._config_updates}
+
+    # ------------------------------------------------------------------ liveness
+
+    def is_alive(self) -> bool:
+        return self._dead_message is None
+
+    def on_child_death(self, message: str) -> None:
+        """Fail every in-flight request; thread-safe (the watchdog calls it)."""
+        self._dead_message = message
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._fail_all, message)
+
+    def _fail_all(self, message: str) -> None:
+        for state in self.rid_to_state.values():
+            state.error = message
+            state.event.set()
+        for waiters in self._control_waiters.values():
+            while waiters:
+                fut = waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(RuntimeError(message))
+
+    def _check_alive(self) -> None:
+        if self._dead_message is not None:
+            raise RuntimeError(self._dead_message)
+
+    # ------------------------------------------------------------------ generate
+
+    async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+        """One request; yields cumulative dicts, the last with finish_reason set."""
+        self._check_alive()
+        self._ensure_handle_loop()
+        tokenized = self._tokenize(obj)
+        state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
+        if obj.rid in self.rid_to_state:
+            raise ValueError(f"duplicate request id {obj.rid!r}")
+        self.rid_to_state[obj.rid] = state
+        self.send_to_scheduler.send(tokenized)
+        try:
+            async for out in self._wait_outputs(state):
+                yield out
+        finally:
+            if self.rid_to_state.pop(obj.rid, None) is not None and state.finished_reason is None:
+                self.abort_request(obj.rid)
+
+    async def _wait_outputs(self, state: ReqState) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            try:
+                await asyncio.wait_for(state.event.wait(), timeout=LIVENESS_POLL_S)
+            except asyncio.TimeoutError:
+                self._check_alive()
+                continue
+            state.event.clear()
+            if state.error is not None:
+                raise RuntimeError(state.error)
+            if state.finished_reason is not None:
+                yield self._make_output(state)
+                return
+            if state.obj.stream:
+                yield self._make_output(state)
+
+    def _tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        input_ids = self._input_ids(obj)
+        params = SamplingParams.from_dict(obj.sampling_params)
+        params.verify(self.model_config.vocab_size)
+        if params.n != 1:
+            raise ValueError("n > 1 must be expanded into n requests by the caller")
+        params.normalize(self.tokenizer)
+        self._check_length(len(input_ids), params.max_new_tokens)
+        return TokenizedGenerateReqInput(
+            rid=obj.rid,
+            input_text=obj.text,
+            input_ids=input_ids,
+            sampling_params=params,
+            return_logprob=obj.return_logprob,
+            top_logprobs_num=obj.top_logprobs_num,
+            logprob_start_len=obj.logprob_start_len,
+            stream=obj.stream,
+        )
+
+    def _input_ids(self, obj: GenerateReqInput) -> list[int]:
+        if obj.input_ids is not None:
+            ids = [int(t) for t in obj.input_ids]
+        elif obj.text is not None:
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer (skip_tokenizer_init is set)")
+            ids = list(self.tokenizer.encode(obj.text))
+        else:
+            raise ValueError("either text or input_ids must be given")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"input_ids must be token ids in [0, {vocab})")
+        return ids
+
+    def _check_length(self, input_len: int, max_new_tokens: int | None) -> None:
+        if input_len > self.max_req_input_len:
+            raise ValueError(
+                f"The input ({input_len} tokens) is longer than the model's limit "
+                f"({self.max_req_input_len} tokens)."
+            )
+        if max_new_tokens is not None and input_len + max_new_tokens > self.context_len:
+            raise ValueError(
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.context_len} tokens: {input_len} in the input plus "
+                f"{max_new_tokens} max_new_tokens."
+            )
+
+    def abort_request(self, rid: str, message: str = "Aborted by request.") -> None:
+        if self._dead_message is None:
+            self.send_to_scheduler.send(AbortReq(rid=rid, message=message))
+
+    # ------------------------------------------------------------------ outputs
+
+    def _make_output(self, state: ReqState) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": state.obj.rid,
+            "prompt_tokens": state.prompt_tokens,
+            "completion_tokens": state.completion_tokens,
+            "cached_tokens": state.cached_tokens,
+            "finish_reason": state.finished_reason,
+        }
+        if state.obj.return_logprob:
+            self._add_logprob_meta(state, meta)
+        return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+
+    def _add_logprob_meta(self, state: ReqState, meta: dict[str, Any]) -> None:
+        with_text = state.obj.return_text_in_logprobs
+        meta["output_token_logprobs"] = self._with_text(state.output_token_logprobs, with_text)
+        meta["output_top_logprobs"] = [
+            self._with_text(top, with_text) for top in state.output_top_logprobs
+        ]
+        meta["input_token_logprobs"] = self._with_text(state.input_token_logprobs, with_text)
+        meta["input_top_logprobs"] = [
+            self._with_text(top, with_text) if top else None for top in state.input_top_logprobs
+        ]
+
+    def _with_text(self, pairs: list[tuple[Any, int]], with_text: bool) -> list[tuple]:
+        if not with_text or self.tokenizer is None:
+            return [(lp, tid, None) for lp, tid in pairs]
+        return [(lp, tid, self.tokenizer.decode([tid])) for lp, tid in pairs]
+
+    # ------------------------------------------------------------------ receive loop
+
+    def _ensure_handle_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._handle_loop_task is None or self._handle_loop_task.done():
+            self._loop = loop
+            self._handle_loop_task = loop.create_task(self._handle_loop())
+
+    async def _handle_loop(self) -> None:
+        while True:
+            msg = await self.recv_from_detokenizer.recv()
+            if isinstance(msg, BatchStrOutput):
+                self._handle_batch_output(msg)
+            else:
+                self._resolve_control(msg)
+
+    def _handle_batch_output(self, msg: BatchStrOutput) -> None:
+        for i, rid in enumerate(msg.rids):
+            state = self.rid_to_state.get(rid)
+            if state is None:
+                continue
+            state.text += msg.new_texts[i]
+            state.output_ids.extend(msg.new_output_ids[i])
+            state.completion_tokens = msg.completion_tokens[i]
+            state.cached_tokens = msg.cached_tokens[i]
+            if msg.output_token_logprobs is not None:
+                self._absorb_logprobs(state, msg, i)
+            state.finished_reason = msg.finished_reasons[i]
+            state.event.set()
+
+    @staticmethod
+    def _absorb_logprobs(state: ReqState, msg: BatchStrOutput, i: int) -> None:
+        state.output_token_logprobs.extend(msg.output_token_logprobs[i])
+        state.output_top_logprobs.extend(msg.output_top_logprobs[i])
+        state.input_token_logprobs.extend(msg.input_token_logprobs[i])
+        state.input_top_logprobs.extend(msg.input_top_logprobs[i])
+
+    def _resolve_control(self, msg: Any) -> None:
+        waiters = self._control_waiters.get(type(msg))
+        if not waiters:
+            logger.warning("unexpected control reply %s", type(msg).__name__)
+            return
+        fut = waiters.popleft()
+        if not fut.done():
+            fut.set_result(msg)
+
+    async def _control(self, request: Any, reply_type: type) -> Any:
+        self._check_alive()
+        self._ensure_handle_loop()
+        fut = asyncio.get_running_loop().create_future()
+        self._control_waiters.setdefault(reply_type, deque()).append(fut)
+        self.send_to_scheduler.send(request)
+        return await fut
+
+    # ------------------------------------------------------------------ control API
+
+    async def flush_cache(self) -> bool:
+        out = await self._control(FlushCacheReqInput(), FlushCacheReqOutput)
+        return out.success
+
+    async def get_internal_state(self) -> list[dict[str, Any]]:
+        out = await self._control(GetInternalStateReq(), GetInternalStateReqOutput)
+        return [out.internal_state]
+
+    async def update_weights_from_disk(
+        self, model_path: str, load_format: str | None = None
+    ) -> tuple[bool, str]:
+        req = UpdateWeightFromDiskReqInput(model_path=model_path, load_format=load_format)
+        out = await self._control(req, UpdateWeightFromDiskReqOutput)
+        if out.success:
+            fields: dict[str, Any] = {"model_path": model_path}
+            if load_format is not None:
+                fields["load_format"] = load_format
+            self.record_config_updates("update_weights_from_disk", **fields)
+            self.model_path = model_path
+        return out.success, out.message
+
+    def close(self) -> None:
+        if self._handle_loop_task is not None and self._loop is not None:
+            if not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._handle_loop_task.cancel)
+        self.recv_from_detokenizer.close()
+        self.send_to_scheduler.close()
