@@ -90,3 +90,20 @@ def test_declare_forward_flag():
     assert get_forward().unit_test_flag == 0
     with pytest.raises(ValueError):
         declare_forward_flag("unit_test_flag", 1, compiled=True)
+
+
+def test_bag_and_parallel_reads_trace_without_graph_breaks():
+    torch = pytest.importorskip("torch")
+    from sglang.srt.runtime_context import get_context, get_exec, get_parallel
+
+    def forward(x):
+        if (
+            get_exec().kernel.attention_backend == "torch_native"
+            and not get_forward().in_graph_capture
+        ):
+            x = x + 1
+        return x * get_parallel().attn_tp_size
+
+    with get_context().override_server_args(tp_size=2):
+        compiled = torch.compile(forward, fullgraph=True, backend="eager")
+        assert compiled(torch.ones(2)).tolist() == [4.0, 4.0]

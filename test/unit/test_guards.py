@@ -6,6 +6,7 @@
 3. Every field in exactly one namespace; no name both a leaf and a sub-namespace.
 4. Every process entry (`run_*_process`) publishes under a role listed in
    ROLE_NAMESPACE_SETS, directly or through a helper that forwards its `role`.
+5. Tests never monkeypatch a config getter: they publish a config instead.
 
 Each guard has a test that plants a violation in a snippet and sees it caught.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import re
 import textwrap
 from dataclasses import dataclass
@@ -25,7 +27,15 @@ from sglang.srt.arg_groups.arg_utils import arg, derived_of, namespace_of
 from sglang.srt.runtime_context import BAG_RESERVED, ROLE_NAMESPACE_SETS, TOP_NAMESPACES
 from sglang.srt.server_args import FIELD_NAMES, ServerArgs
 
-PACKAGE = Path(__file__).resolve().parents[2] / "python" / "sglang"
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "python" / "sglang"
+TEST_DIRS = (REPO / "test", PACKAGE / "test")
+
+# Getters a test must never patch (publish with override_server_args instead).
+CONFIG_GETTERS = frozenset(
+    {"get_server_args", "config_bag", "get_parallel", "get_context"}
+    | {f"get_{ns}" for ns in TOP_NAMESPACES}
+)
 
 # The config layer itself may write and read the record.
 CONFIG_LAYER = ("srt/server_args.py", "srt/runtime_context.py", "srt/arg_groups/")
@@ -39,6 +49,7 @@ EXEMPT_READS: dict[tuple[str, str], str] = {}
 ENTRY_NAME = re.compile(r"^run_\w+_process$")
 
 
+@functools.cache
 def package_sources() -> list[tuple[str, str]]:
     out = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -91,9 +102,10 @@ def _setattr_target(node: ast.AST) -> tuple[ast.AST, str] | None:
     return None
 
 
-def find_writes(source: str, rel: str) -> list[str]:
+def find_writes(source: str | ast.Module, rel: str) -> list[str]:
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source) if isinstance(source, str) else source
+    for node in ast.walk(tree):
         for target in _assigned_targets(node):
             if (
                 isinstance(target, ast.Attribute)
@@ -135,9 +147,10 @@ def _aliases(nodes: list[ast.AST]) -> set[str]:
     return names
 
 
-def find_reads(source: str, rel: str) -> list[str]:
+def find_reads(source: str | ast.Module, rel: str) -> list[str]:
     found = set()
-    for scope in _functions(ast.parse(source)):
+    tree = ast.parse(source) if isinstance(source, str) else source
+    for scope in _functions(tree):
         name = getattr(scope, "name", "<module>")
         if (rel, name) in EXEMPT_READS:
             continue
@@ -249,22 +262,48 @@ def find_entry_violations(trees: dict[str, ast.Module]) -> list[str]:
     return found
 
 
+@functools.cache
 def parse_package() -> dict[str, ast.Module]:
     return {rel: ast.parse(src) for rel, src in package_sources()}
+
+
+# ---- guard 5: no patched getters in tests --------------------------------------
+
+PATCHERS = frozenset({"setattr", "patch", "object", "setitem"})
+
+
+def _names_a_getter(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.rsplit(".", 1)[-1] in CONFIG_GETTERS
+    return isinstance(node, ast.Attribute) and node.attr in CONFIG_GETTERS
+
+
+def find_patched_getters(source: str, rel: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and _call_name(node) in PATCHERS:
+            if any(_names_a_getter(a) for a in node.args[:2]):
+                found.append(f"{rel}:{node.lineno} patches a config getter")
+    return found
+
+
+def tree_test_sources() -> list[tuple[str, str]]:
+    paths = sorted({p for d in TEST_DIRS if d.is_dir() for p in d.rglob("*.py")})
+    return [(p.relative_to(REPO).as_posix(), p.read_text(encoding="utf-8")) for p in paths]
 
 
 # ---- the guards, pinned at zero ------------------------------------------------
 
 
 def test_no_server_args_writes_outside_resolution():
-    found = [v for rel, src in package_sources() if not in_config_layer(rel)
-             for v in find_writes(src, rel)]  # fmt: skip
+    found = [v for rel, tree in parse_package().items() if not in_config_layer(rel)
+             for v in find_writes(tree, rel)]  # fmt: skip
     assert found == []
 
 
 def test_no_get_server_args_field_reads():
-    found = [v for rel, src in package_sources() if not in_config_layer(rel)
-             for v in find_reads(src, rel)]  # fmt: skip
+    found = [v for rel, tree in parse_package().items() if not in_config_layer(rel)
+             for v in find_reads(tree, rel)]  # fmt: skip
     assert found == []
 
 
@@ -275,6 +314,12 @@ def test_every_field_has_exactly_one_namespace():
 
 def test_every_process_entry_publishes_a_listed_role():
     assert find_entry_violations(parse_package()) == []
+
+
+def test_no_test_patches_a_config_getter():
+    found = [v for rel, src in tree_test_sources() if rel != "test/unit/test_guards.py"
+             for v in find_patched_getters(src, rel)]  # fmt: skip
+    assert found == []
 
 
 # ---- each guard catches a planted violation ------------------------------------
@@ -376,6 +421,20 @@ def test_entry_guard_catches_missing_and_unlisted_publish():
     assert any("run_scheduler_process never calls publish" in v for v in found)
     assert any("'detok'" in v for v in found)
     assert any("'nobody'" in v for v in found)
+
+
+def test_patch_guard_catches_planted_patches():
+    code = snippet(
+        """
+        def test_x(monkeypatch):
+            monkeypatch.setattr(rc, "get_server_args", lambda: fake)
+            monkeypatch.setattr("sglang.srt.runtime_context.get_exec", lambda: fake)
+            with mock.patch.object(rc, "get_parallel"):
+                pass
+            monkeypatch.setattr(demo, "demo_target_path", lambda: None)
+        """
+    )
+    assert len(find_patched_getters(code, "planted.py")) == 3
 
 
 @pytest.mark.parametrize("role", sorted(ROLE_NAMESPACE_SETS))
