@@ -159,8 +159,8 @@ class FakeTokenizerManager:
         return not self.running
 
     async def get_internal_state(self) -> list[dict[str, Any]]:
-        return [{"num_running_reqs": len(self.running), "num_queue_reqs": 0, "token_usage": 0.1,
-                 "cache_hit_rate": 0.5, "gen_throughput": 12.0,
+        return [{"num_running_reqs": len(self.running), "num_queued_reqs": 0, "token_usage": 0.1,
+                 "cache_hit_rate": 0.5, "last_gen_throughput": 12.0,
                  "model_path": self.config["model_path"]}]  # fmt: skip
 
     async def update_weights_from_disk(self, model_path: str, load_format=None):

@@ -18,13 +18,13 @@ _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0, 120.0,
 )  # fmt: skip
-# internal_state key -> (gauge name, how several schedulers combine)
+# gauge -> (the scheduler's internal_state keys, first present wins; how schedulers combine)
 _GAUGE_SOURCES = {
-    "num_running_reqs": "sum",
-    "num_queue_reqs": "sum",
-    "token_usage": "mean",
-    "cache_hit_rate": "mean",
-    "gen_throughput": "sum",
+    "num_running_reqs": (("num_running_reqs",), "sum"),
+    "num_queue_reqs": (("num_queued_reqs", "num_queue_reqs"), "sum"),
+    "token_usage": (("token_usage",), "mean"),
+    "cache_hit_rate": (("cache_hit_rate",), "mean"),
+    "gen_throughput": (("last_gen_throughput", "gen_throughput"), "sum"),
 }
 _GAUGE_HELP = {
     "num_running_reqs": "Requests in the running (decode) batch.",
@@ -76,15 +76,25 @@ class ServerMetrics:
 
     def set_scheduler_states(self, states: list[dict[str, Any]]) -> None:
         """Refresh the gauges from each scheduler's `get_internal_state()` dict."""
-        for key, combine in _GAUGE_SOURCES.items():
-            values = [float(s[key]) for s in states if isinstance(s.get(key), (int, float))]
+        for gauge, (keys, combine) in _GAUGE_SOURCES.items():
+            values = [v for v in map(_first_number(keys), states) if v is not None]
             if not values:
                 continue
             total = sum(values)
-            self._gauges[key].set(total if combine == "sum" else total / len(values))
+            self._gauges[gauge].set(total if combine == "sum" else total / len(values))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _first_number(keys: tuple[str, ...]):
+    def pick(state: dict[str, Any]) -> float | None:
+        for key in keys:
+            if isinstance(state.get(key), (int, float)):
+                return float(state[key])
+        return None
+
+    return pick
 
 
 class RequestTracker:

@@ -48,7 +48,9 @@ def to_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, ValueError):
         message = str(exc)
-        code = "context_length_exceeded" if "context" in message.lower() else "invalid_value"
+        lowered = message.lower()
+        too_long = "context length" in lowered or "longer than" in lowered
+        code = "context_length_exceeded" if too_long else "invalid_value"
         return APIError(message, 400, code=code)
     return APIError(f"generation failed: {exc}", 503, err_type="service_unavailable_error")
 
