@@ -239,6 +239,18 @@ def _published_role(call: ast.Call, helpers: dict[str, tuple[int, str]]) -> obje
     return role.value if isinstance(role, ast.Constant) else "<not a constant>"
 
 
+def find_unlisted_publishes(trees: dict[str, ast.Module]) -> list[str]:
+    """Any publish(role="<constant>") call anywhere must name a listed role."""
+    return [
+        f"{rel}:{call.lineno} publishes role {role.value!r}, not in ROLE_NAMESPACE_SETS"
+        for rel, tree in trees.items()
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call) and _call_name(call) == "publish"
+        for role in [_role_arg(call, None, "role")]
+        if isinstance(role, ast.Constant) and role.value not in ROLE_NAMESPACE_SETS
+    ]
+
+
 def find_entry_violations(trees: dict[str, ast.Module]) -> list[str]:
     helpers = publishing_helpers(list(trees.values()))
     found = []
@@ -314,6 +326,7 @@ def test_every_field_has_exactly_one_namespace():
 
 def test_every_process_entry_publishes_a_listed_role():
     assert find_entry_violations(parse_package()) == []
+    assert find_unlisted_publishes(parse_package()) == []
 
 
 def test_no_test_patches_a_config_getter():
@@ -418,6 +431,7 @@ def test_entry_guard_catches_missing_and_unlisted_publish():
     )
     found = find_entry_violations({"planted.py": ast.parse(code)})
     assert len(found) == 3, found
+    assert len(find_unlisted_publishes({"planted.py": ast.parse(code)})) == 1
     assert any("run_scheduler_process never calls publish" in v for v in found)
     assert any("'detok'" in v for v in found)
     assert any("'nobody'" in v for v in found)
