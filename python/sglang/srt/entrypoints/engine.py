@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import logging
 import multiprocessing as mp
+import sys
 import threading
 import time
 import uuid
@@ -92,9 +94,33 @@ class ChildProcesses:
 def _spawn(ctx: Any, role: str, target: Callable, args: tuple) -> tuple[Any, Any]:
     reader, writer = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=target, args=(*args, writer), name=f"sglang-{role}", daemon=True)
-    proc.start()
+    with _main_module_hidden():
+        proc.start()
     writer.close()
     return proc, reader
+
+
+_spawn_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Keep spawn from re-running the caller's script in the child.
+
+    The child's target and arguments are sglang objects, so the child never needs
+    `__main__`; hiding it lets a plain script build an Engine without an
+    `if __name__ == "__main__":` guard.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main and k in main.__dict__}
+    with _spawn_lock:
+        try:
+            for key in saved:
+                setattr(main, key, None) if key == "__spec__" else delattr(main, key)
+            yield
+        finally:
+            for key, value in saved.items():
+                setattr(main, key, value)
 
 
 def _wait_ready(role: str, proc: Any, reader: Any, timeout_s: float) -> dict[str, Any]:
@@ -108,7 +134,9 @@ def _wait_ready(role: str, proc: Any, reader: Any, timeout_s: float) -> dict[str
             if isinstance(msg, ChildReady):
                 return msg.info
             if isinstance(msg, ChildFailed):
-                raise ChildStartupError(f"The {role} process failed to start:\n{msg.traceback_text}")
+                raise ChildStartupError(
+                    f"The {role} process failed to start:\n{msg.traceback_text}"
+                )
         if not proc.is_alive():
             raise ChildStartupError(
                 f"The {role} process exited during startup with code {proc.exitcode}."
@@ -130,11 +158,13 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
     children = ChildProcesses(port_args)
     ctx = mp.get_context("spawn")
     try:
-        sched, sched_reader = _spawn(ctx, "scheduler", run_scheduler_process,
-                                     (server_args, port_args, 0))
+        sched, sched_reader = _spawn(
+            ctx, "scheduler", run_scheduler_process, (server_args, port_args, 0)
+        )
         children.procs.append(("scheduler", sched))
-        detok, detok_reader = _spawn(ctx, "detokenizer", run_detokenizer_process,
-                                     (server_args, port_args))
+        detok, detok_reader = _spawn(
+            ctx, "detokenizer", run_detokenizer_process, (server_args, port_args)
+        )
         children.procs.append(("detokenizer", detok))
         info = _wait_ready("scheduler", sched, sched_reader, CHILD_READY_TIMEOUT_S)
         _wait_ready("detokenizer", detok, detok_reader, CHILD_READY_TIMEOUT_S)
@@ -174,8 +204,9 @@ class Engine:
         self._closed = False
         self.tokenizer_manager, self._children = _launch_subprocesses(server_args)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-engine-loop",
-                                         daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="sglang-engine-loop", daemon=True
+        )
         self._thread.start()
         _live_engines.add(self)
 
@@ -193,28 +224,57 @@ class Engine:
 
     # ------------------------------------------------------------------ generate
 
-    def generate(self, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
-                 stream: bool = False, return_logprob: bool = False, top_logprobs_num: int = 0,
-                 logprob_start_len: int = -1, return_text_in_logprobs: bool = False,
-                 rid: Any = None) -> Any:
+    def generate(
+        self,
+        prompt: Any = None,
+        sampling_params: Any = None,
+        input_ids: Any = None,
+        stream: bool = False,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        logprob_start_len: int = -1,
+        return_text_in_logprobs: bool = False,
+        rid: Any = None,
+    ) -> Any:
         """dict (one prompt), list of dicts (a list, or n > 1), or an iterator when streaming."""
         reqs, is_batch = _build_requests(
-            prompt, sampling_params, input_ids, stream, return_logprob, top_logprobs_num,
-            logprob_start_len, return_text_in_logprobs, rid,
+            prompt,
+            sampling_params,
+            input_ids,
+            stream,
+            return_logprob,
+            top_logprobs_num,
+            logprob_start_len,
+            return_text_in_logprobs,
+            rid,
         )
         if stream:
             return self._stream_sync(reqs)
         results = self._run(self._gather(reqs))
         return results if is_batch else results[0]
 
-    async def async_generate(self, prompt: Any = None, sampling_params: Any = None,
-                             input_ids: Any = None, stream: bool = False,
-                             return_logprob: bool = False, top_logprobs_num: int = 0,
-                             logprob_start_len: int = -1, return_text_in_logprobs: bool = False,
-                             rid: Any = None) -> Any:
+    async def async_generate(
+        self,
+        prompt: Any = None,
+        sampling_params: Any = None,
+        input_ids: Any = None,
+        stream: bool = False,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        logprob_start_len: int = -1,
+        return_text_in_logprobs: bool = False,
+        rid: Any = None,
+    ) -> Any:
         reqs, is_batch = _build_requests(
-            prompt, sampling_params, input_ids, stream, return_logprob, top_logprobs_num,
-            logprob_start_len, return_text_in_logprobs, rid,
+            prompt,
+            sampling_params,
+            input_ids,
+            stream,
+            return_logprob,
+            top_logprobs_num,
+            logprob_start_len,
+            return_text_in_logprobs,
+            rid,
         )
         if stream:
             return self._stream_async(reqs)
@@ -314,9 +374,11 @@ class Engine:
         _live_engines.discard(self)
         self._children.shutdown()
         self.tokenizer_manager.on_child_death("The engine is shut down.")
+        closing = asyncio.run_coroutine_threadsafe(self.tokenizer_manager.aclose(), self._loop)
+        with contextlib.suppress(Exception):
+            closing.result(timeout=5.0)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5.0)
-        self.tokenizer_manager.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -338,8 +400,17 @@ async def _incremental(cumulative: AsyncIterator[dict]) -> AsyncIterator[dict]:
         yield chunk
 
 
-def _build_requests(prompt, sampling_params, input_ids, stream, return_logprob,
-                    top_logprobs_num, logprob_start_len, return_text_in_logprobs, rid):
+def _build_requests(
+    prompt,
+    sampling_params,
+    input_ids,
+    stream,
+    return_logprob,
+    top_logprobs_num,
+    logprob_start_len,
+    return_text_in_logprobs,
+    rid,
+):
     """Expand prompts x n into single requests; returns (requests, is_batch)."""
     if (prompt is None) == (input_ids is None):
         raise ValueError("pass exactly one of prompt or input_ids")
@@ -356,12 +427,18 @@ def _build_requests(prompt, sampling_params, input_ids, stream, return_logprob,
         sp = dict(sp or {})
         n = int(sp.pop("n", 1))
         for k in range(n):
-            reqs.append(GenerateReqInput(
-                **item, sampling_params=dict(sp), stream=stream, return_logprob=return_logprob,
-                top_logprobs_num=top_logprobs_num, logprob_start_len=logprob_start_len,
-                return_text_in_logprobs=return_text_in_logprobs,
-                rid=(f"{r}-{k}" if n > 1 else r) if r is not None else uuid.uuid4().hex,
-            ))
+            reqs.append(
+                GenerateReqInput(
+                    **item,
+                    sampling_params=dict(sp),
+                    stream=stream,
+                    return_logprob=return_logprob,
+                    top_logprobs_num=top_logprobs_num,
+                    logprob_start_len=logprob_start_len,
+                    return_text_in_logprobs=return_text_in_logprobs,
+                    rid=(f"{r}-{k}" if n > 1 else r) if r is not None else uuid.uuid4().hex,
+                )
+            )
     return reqs, is_list or len(reqs) > 1
 
 

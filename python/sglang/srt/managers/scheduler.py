@@ -93,6 +93,8 @@ class Scheduler(
         self.last_gen_throughput = 0.0
         self._tput_tokens, self._tput_t0 = 0, time.perf_counter()
         self._checked_idle = True
+        self.integrity_error: str | None = None
+        self.num_retracted_reqs = 0
 
     def ready_info(self) -> dict[str, Any]:
         return {
@@ -118,8 +120,17 @@ class Scheduler(
             self._checked_idle = False
         self.emit_outputs()
         if batch is None and self.is_idle() and not self._checked_idle:
+            self._check_idle_integrity()
+
+    def _check_idle_integrity(self) -> None:
+        """Runs once each time the scheduler goes idle; a failure is logged and reported."""
+        self._checked_idle = True
+        try:
             self.check_memory_integrity()
-            self._checked_idle = True
+            self.integrity_error = None
+        except AssertionError as exc:
+            self.integrity_error = str(exc)
+            logger.error("KV memory integrity check failed while idle: %s", exc)
 
     def recv_requests(self, block: bool) -> list[Any]:
         if block:

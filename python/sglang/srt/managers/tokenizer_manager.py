@@ -10,6 +10,7 @@ here (`record_config_updates`), not in the process-wide config bags.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator
@@ -348,9 +349,12 @@ class TokenizerManager:
             self.model_path = model_path
         return out.success, out.message
 
-    def close(self) -> None:
-        if self._handle_loop_task is not None and self._loop is not None:
-            if not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self._handle_loop_task.cancel)
+    async def aclose(self) -> None:
+        """Stop the receive loop and close the sockets (call on the serving loop)."""
+        task = self._handle_loop_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         self.recv_from_detokenizer.close()
         self.send_to_scheduler.close()

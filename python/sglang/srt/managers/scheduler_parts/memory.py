@@ -106,6 +106,7 @@ class SchedulerMemoryMixin:
         if retracted:
             self.waiting_queue[:0] = retracted
             self.new_token_ratio.on_retract()
+            self.num_retracted_reqs += len(retracted)
             logger.info("retracted %d request(s): KV pool short", len(retracted))
         return retracted
 

@@ -111,6 +111,8 @@ class SchedulerRequestsMixin:
         self.send_to_tokenizer.send(out)
 
     def handle_get_internal_state(self, msg: GetInternalStateReq) -> None:
+        if self.is_idle():
+            self._check_idle_integrity()
         self.send_to_tokenizer.send(GetInternalStateReqOutput(self.internal_state()))
 
     def internal_state(self) -> dict[str, Any]:
@@ -128,12 +130,14 @@ class SchedulerRequestsMixin:
             "token_usage": round(used / max(self.max_total_num_tokens, 1), 4),
             "num_used_tokens": used,
             "max_total_num_tokens": self.max_total_num_tokens,
-            "max_running_requests": self.max_running_requests,
+            "effective_max_running_requests": self.max_running_requests,
             "available_kv_tokens": self.allocator.available_size(),
             "cached_kv_tokens": self.tree_cache.total_size(),
             "free_req_slots": self.req_to_token_pool.available_size(),
             "total_req_slots": self.req_to_token_pool.size,
             "cache_hit_rate": round(self.cache_hits / max(self.cache_queries, 1), 4),
+            "num_retracted_reqs": self.num_retracted_reqs,
+            "memory_integrity": "ok" if self.integrity_error is None else self.integrity_error,
             "last_gen_throughput": round(self.last_gen_throughput, 2),
             "timestamp": time.time(),
         }
