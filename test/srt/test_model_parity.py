@@ -34,7 +34,7 @@ PROMPTS = [
 @pytest.fixture(autouse=True)
 def _few_threads():
     old = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
 

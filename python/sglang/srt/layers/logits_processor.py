@@ -52,9 +52,9 @@ class LogitsProcessor(nn.Module):
             logits = self._logits(hidden_states, lm_head)  # every token is a last token
         else:
             index = torch.tensor(sel.rows, device=hidden_states.device)
-            logits = self._logits(hidden_states[index], lm_head)
+            logits = self._logits(hidden_states.index_select(0, index), lm_head)
         last = torch.tensor(sel.last, device=logits.device)
-        out = LogitsProcessorOutput(logits[last] if sel.segments else logits)
+        out = LogitsProcessorOutput(logits.index_select(0, last) if sel.segments else logits)
         if sel.segments:
             _input_logprobs(out, logits, sel, forward_batch)
         return out

@@ -34,8 +34,8 @@ class RotaryEmbedding(nn.Module):
         last = self._last
         if last is not None and last[0] is positions:
             return last[1], last[2]
-        cos = self.cos_cache[positions].unsqueeze(1).to(dtype)
-        sin = self.sin_cache[positions].unsqueeze(1).to(dtype)
+        cos = self.cos_cache.index_select(0, positions).unsqueeze(1).to(dtype)
+        sin = self.sin_cache.index_select(0, positions).unsqueeze(1).to(dtype)
         self._last = (positions, cos, sin)
         return cos, sin
 

@@ -92,9 +92,7 @@ class MHATokenToKVPool:
         self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
         """loc: int64[T]; k, v: [T, num_kv_heads, head_dim]."""
-        buf = self.kv_buffer[layer_id]
-        buf[loc, 0] = k.to(self.dtype)
-        buf[loc, 1] = v.to(self.dtype)
+        self.kv_buffer[layer_id].index_copy_(0, loc, torch.stack((k, v), dim=1).to(self.dtype))
 
     @staticmethod
     def bytes_per_token(dtype: torch.dtype, head_num: int, head_dim: int, layer_num: int) -> int:

@@ -53,7 +53,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _kv_indices(self, fb: ForwardBatch, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot ids int64[bs, max_len] with padding -> 0, valid bool[bs, max_len])."""
         table = fb.req_to_token_pool.req_to_token
-        idx = table[fb.req_pool_indices, :max_len].to(torch.int64)
+        idx = table.index_select(0, fb.req_pool_indices)[:, :max_len].to(torch.int64)
         valid = torch.arange(max_len, device=idx.device).unsqueeze(0) < fb.seq_lens.unsqueeze(1)
         return idx.masked_fill(~valid, 0), valid
 
@@ -94,7 +94,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             pool.set_kv_buffer(
                 layer.layer_id, forward_batch.out_cache_loc, k.view(bs, hkv, d), v.view(bs, hkv, d)
             )
-        kv = pool.get_kv_buffer(layer.layer_id)[md.kv_indices]  # [bs, S, 2, Hkv, D]
+        kv = _gather(pool.get_kv_buffer(layer.layer_id), md.kv_indices)  # [bs, S, 2, Hkv, D]
         keys = kv[:, :, 0].transpose(1, 2)  # [bs, Hkv, S, D]
         values = kv[:, :, 1].transpose(1, 2)
         # the query heads sharing a KV head become rows: [bs, Hkv, Hq / Hkv, D]
@@ -123,7 +123,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         if md.kv_indices is None:  # nothing cached: attend over the new tokens only
             keys, values = self._pad(k, md), self._pad(v, md)
         else:
-            kv = pool.get_kv_buffer(layer.layer_id)[md.kv_indices]  # [bs, S, 2, Hkv, D]
+            kv = _gather(pool.get_kv_buffer(layer.layer_id), md.kv_indices)  # [bs, S, 2, Hkv, D]
             keys = kv[:, :, 0].transpose(1, 2).to(q.dtype)
             values = kv[:, :, 1].transpose(1, 2).to(q.dtype)
         out = F.scaled_dot_product_attention(
@@ -143,15 +143,23 @@ class TorchNativeAttnBackend(AttentionBackend):
         _, h, d = x.shape
         if md.pad_index is None:
             return x.view(md.bs, md.max_extend_len, h, d).transpose(1, 2)
-        padded = x.new_zeros(md.bs * md.max_extend_len, h, d)
-        padded[md.pad_index] = x
+        padded = x.new_zeros(md.bs * md.max_extend_len, h, d).index_copy_(0, md.pad_index, x)
         return padded.view(md.bs, md.max_extend_len, h, d).transpose(1, 2)
 
     @staticmethod
     def _unpad(out: torch.Tensor, md: _ExtendMetadata, width: int) -> torch.Tensor:
         """[bs, H, max_ext, D] -> [T, H * D]."""
         flat = out.transpose(1, 2).reshape(md.bs * md.max_extend_len, width)
-        return flat if md.pad_index is None else flat[md.pad_index]
+        return flat if md.pad_index is None else flat.index_select(0, md.pad_index)
+
+
+def _gather(kv_buffer: torch.Tensor, kv_indices: torch.Tensor) -> torch.Tensor:
+    """[num_slots, 2, H, D] gathered at int64[bs, S] -> [bs, S, 2, H, D].
+
+    index_select, not advanced indexing: on CPU it is several times faster.
+    """
+    bs, seq = kv_indices.shape
+    return kv_buffer.index_select(0, kv_indices.reshape(-1)).view(bs, seq, *kv_buffer.shape[1:])
 
 
 def _pad_index(ext: list[int], max_ext: int, device) -> torch.Tensor:

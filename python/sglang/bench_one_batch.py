@@ -1,0 +1,139 @@
+"""Latency of one static batch: prefill, then decode steps, ours vs HF transformers.
+
+    python -m sglang.bench_one_batch --model-path DIR --batch-size 1 32 \\
+        --input-len 128 --output-len 32 [--num-threads 2] [--no-hf] [server flags]
+
+Runs the model through TpModelWorker (no scheduler, no server) and, in the same
+process, HF transformers' forward with its KV cache on the same token batch;
+reports latency, throughput and the HF/ours latency ratio (> 1: we are faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger("sglang.bench_one_batch")
+
+
+@dataclass
+class BenchArgs:
+    batch_size: list[int]
+    input_len: list[int]
+    output_len: list[int]
+    run_hf: bool
+    seed: int
+
+
+@dataclass
+class Timing:
+    prefill_s: float
+    decode_s: float  # median seconds per decode step
+
+    def line(self, name: str, bs: int, input_len: int) -> str:
+        return (
+            f"{name:>5}  prefill {self.prefill_s * 1e3:8.2f} ms {bs * input_len / self.prefill_s:9.0f}"
+            f" tok/s | decode {self.decode_s * 1e3:7.2f} ms/step {bs / self.decode_s:8.0f} tok/s"
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[BenchArgs, list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=True)
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[1])
+    parser.add_argument("--input-len", type=int, nargs="+", default=[128])
+    parser.add_argument("--output-len", type=int, nargs="+", default=[32])
+    parser.add_argument("--no-hf", action="store_true", help="skip the HF comparison")
+    parser.add_argument("--seed", type=int, default=0)
+    ns, server_argv = parser.parse_known_args(argv)
+    bench = BenchArgs(ns.batch_size, ns.input_len, ns.output_len, not ns.no_hf, ns.seed)
+    return bench, server_argv
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_ours(worker, prompts: list[list[int]], output_len: int) -> Timing:
+    from sglang.test.runner_utils import MiniReq, MiniScheduler
+
+    sched = MiniScheduler(worker)
+    reqs = [MiniReq(list(p)) for p in prompts]
+    batch = sched.build_extend(reqs)
+    prefill_s = _timed(lambda: sched.run(reqs, batch))
+    steps = []
+    for _ in range(output_len - 1):
+        batch = sched.build_decode(reqs)  # scheduler bookkeeping is not timed
+        steps.append(_timed(lambda b=batch: sched.run(reqs, b)))
+    sched.release(reqs)
+    return Timing(prefill_s, statistics.median(steps) if steps else float("nan"))
+
+
+@torch.inference_mode()
+def bench_hf(model, prompts: list[list[int]], output_len: int) -> Timing:
+    """HF forward with its own KV cache, greedy, on the same batch (equal lengths)."""
+    ids = torch.tensor(prompts)
+    out = {}
+    prefill_s = _timed(lambda: out.update(r=model(ids, use_cache=True)))
+    steps = []
+    for _ in range(output_len - 1):
+        nxt = out["r"].logits[:, -1].argmax(-1, keepdim=True)
+        past = out["r"].past_key_values
+        steps.append(_timed(lambda n=nxt, p=past: out.update(r=model(n, past_key_values=p))))
+    return Timing(prefill_s, statistics.median(steps) if steps else float("nan"))
+
+
+def run(bench: BenchArgs, worker, hf_model) -> list[dict]:
+    gen = torch.Generator().manual_seed(bench.seed)
+    vocab = worker.model_config.vocab_size
+    results = []
+    for bs, il, ol in itertools.product(bench.batch_size, bench.input_len, bench.output_len):
+        prompts = torch.randint(3, vocab, (bs, il), generator=gen).tolist()
+        bench_ours(worker, prompts[:1], 2)  # warm up this shape's code paths
+        ours = bench_ours(worker, prompts, ol)
+        logger.info("batch %d, input %d, output %d", bs, il, ol)
+        logger.info(ours.line("ours", bs, il))
+        row = {"bs": bs, "input_len": il, "output_len": ol, "ours": ours}
+        if hf_model is not None:
+            bench_hf(hf_model, prompts[:1], 2)
+            hf = bench_hf(hf_model, prompts, ol)
+            logger.info(hf.line("hf", bs, il))
+            logger.info(
+                "ratio hf/ours: prefill %.2fx, decode %.2fx",
+                hf.prefill_s / ours.prefill_s,
+                hf.decode_s / ours.decode_s,
+            )
+            row["hf"] = hf
+        results.append(row)
+    return results
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.server_args import prepare_server_args
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    bench, server_argv = parse_args(argv)
+    publish(prepare_server_args(server_argv), role="scheduler")
+    worker = TpModelWorker()
+    logger.info("%s, torch threads %d", worker.model_config, torch.get_num_threads())
+    hf_model = None
+    if bench.run_hf:
+        from sglang.test.hf_reference import load_hf_model
+
+        hf_model = load_hf_model(worker.model_config.model_path, worker.model_config.dtype)
+        hf_model.to(worker.device)
+    return run(bench, worker, hf_model)
+
+
+if __name__ == "__main__":
+    main()
