@@ -1,0 +1,143 @@
+"""Sampler and sampling params: greedy fast path, filters, penalties, seeds, logprobs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang.srt.layers.sampler import Sampler
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+VOCAB = 16
+
+
+def _info(params, outputs=None, eos=None) -> SamplingBatchInfo:
+    outputs = outputs or [[] for _ in params]
+    return SamplingBatchInfo.from_requests(params, outputs, VOCAB, "cpu", eos_token_ids=eos)
+
+
+def _logits(bs: int = 2, seed: int = 0) -> torch.Tensor:
+    return torch.randn(bs, VOCAB, generator=torch.Generator().manual_seed(seed))
+
+
+def test_greedy_fast_path_is_argmax():
+    logits = _logits(3)
+    info = _info([SamplingParams(temperature=0.0)] * 3)
+    assert info.is_all_greedy and not info.has_logit_adjustments
+    out = Sampler()(logits, info)
+    assert out.next_token_ids.tolist() == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(top_k=1),
+        SamplingParams(top_p=1e-6),
+        SamplingParams(min_p=1.0),
+    ],
+)
+def test_filters_that_leave_one_token_pick_the_argmax(params):
+    logits = _logits(4)
+    for _ in range(5):
+        out = Sampler()(logits, _info([params] * 4))
+        assert out.next_token_ids.tolist() == logits.argmax(-1).tolist()
+
+
+def test_top_k_only_draws_from_the_k_best():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, [3, 7]] = 5.0
+    info = _info([SamplingParams(top_k=2, temperature=10.0)])
+    draws = {Sampler()(logits, info).next_token_ids.item() for _ in range(50)}
+    assert draws <= {3, 7} and len(draws) == 2
+
+
+def test_same_seed_same_tokens_and_mixed_batch():
+    logits = torch.zeros(3, VOCAB)  # uniform: any unseeded draw is random
+    params = [SamplingParams(seed=42), SamplingParams(temperature=0.0), SamplingParams(seed=7)]
+    first = [Sampler()(logits, _info(params)).next_token_ids.tolist() for _ in range(4)]
+    assert all(f[0] == first[0][0] and f[2] == first[0][2] for f in first)
+    assert all(f[1] == 0 for f in first)  # greedy row in a sampled batch: argmax
+    steps = {
+        Sampler()(logits[:1], _info([params[0]], [[1] * n])).next_token_ids.item()
+        for n in range(12)
+    }
+    assert len(steps) > 1  # the step mixes into the seed
+
+
+def test_penalties():
+    logits = torch.full((1, VOCAB), 2.0)
+    info = _info(
+        [
+            SamplingParams(
+                temperature=0.0,
+                repetition_penalty=2.0,
+                frequency_penalty=0.5,
+                presence_penalty=0.25,
+            )
+        ],
+        [[5, 5, 9]],
+    )
+    from sglang.srt.layers.sampler import adjust_logits
+
+    out = adjust_logits(logits.clone(), info)[0]
+    assert out[5].item() == pytest.approx(2.0 / 2.0 - 0.5 * 2 - 0.25)
+    assert out[9].item() == pytest.approx(2.0 / 2.0 - 0.5 - 0.25)
+    assert out[0].item() == pytest.approx(2.0)
+
+
+def test_min_new_tokens_bans_eos_and_stop_ids_then_releases():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 2] = 10.0  # eos is the best token
+    logits[0, 4] = 5.0
+    params = [SamplingParams(temperature=0.0, min_new_tokens=2, stop_token_ids=[4])]
+    assert Sampler()(logits, _info(params, [[1]], eos={2})).next_token_ids.item() not in (2, 4)
+    assert Sampler()(logits, _info(params, [[1, 1]], eos={2})).next_token_ids.item() == 2
+
+
+def test_logit_bias_forces_a_token():
+    logits = _logits(1)
+    info = _info([SamplingParams(temperature=0.0, logit_bias={"11": 100.0})])
+    assert Sampler()(logits, info).next_token_ids.item() == 11
+
+
+def test_logprobs_and_top_logprobs():
+    logits = _logits(2)
+    out = Sampler()(logits, _info([SamplingParams(temperature=0.0)] * 2), True, [3, 0])
+    ref = torch.log_softmax(logits, -1)
+    ids = out.next_token_ids
+    torch.testing.assert_close(out.logprobs, ref.gather(1, ids[:, None])[:, 0])
+    assert len(out.top_logprobs[0]) == 3 and out.top_logprobs[1] == []
+    values = [v for v, _ in out.top_logprobs[0]]
+    assert values == sorted(values, reverse=True)
+    assert out.top_logprobs[0][0][1] == ids[0].item()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_k", -5),
+        ("min_p", 2.0),
+        ("repetition_penalty", 0.0),
+        ("max_new_tokens", -1),
+        ("n", 0),
+    ],
+)
+def test_verify_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value}).verify(VOCAB)
+
+
+def test_verify_logit_bias_and_unknown_keys():
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={"99": 1.0}).verify(VOCAB)
+    with pytest.raises(ValueError, match="bogus"):
+        SamplingParams.from_dict({"bogus": 1})
+
+
+def test_normalize():
+    p = SamplingParams(stop="END", stop_token_ids=[3, 3])
+    p.normalize(None)
+    assert p.stop_strs == ["END"] and p.stop_token_ids == {3}
