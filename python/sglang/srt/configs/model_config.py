@@ -25,6 +25,13 @@ _DTYPES = {
     "half": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+# when config.json names no architecture (a bare `config.save_pretrained`)
+_ARCH_BY_MODEL_TYPE = {
+    "llama": ["LlamaForCausalLM"],
+    "mistral": ["MistralForCausalLM"],
+    "qwen2": ["Qwen2ForCausalLM"],
+    "qwen3": ["Qwen3ForCausalLM"],
+}
 _CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
 
 
@@ -63,7 +70,7 @@ class ModelConfig:
 
     def _init_shape(self) -> None:
         raw = self.raw
-        archs = raw.get("architectures") or []
+        archs = raw.get("architectures") or _ARCH_BY_MODEL_TYPE.get(raw.get("model_type"), [])
         self.architectures: list[str] = list(archs)
         self.architecture: str = archs[0] if archs else ""
         self.model_type: str = raw.get("model_type", "")

@@ -33,9 +33,11 @@ def _snapshot_download(repo_id: str, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    offline = _hub_offline()
     try:
-        local = snapshot_download(repo_id, revision=revision, allow_patterns=_ALLOW_PATTERNS)
+        local = snapshot_download(
+            repo_id, revision=revision, allow_patterns=_ALLOW_PATTERNS, local_files_only=offline
+        )
     except HFValidationError as e:
         raise FileNotFoundError(
             f"model path {repo_id!r} is neither a directory nor a hub id"
@@ -47,6 +49,14 @@ def _snapshot_download(repo_id: str, revision: str | None) -> Path:
             f"failed{hint}: {type(e).__name__}: {e}"
         ) from e
     return Path(local)
+
+
+def _hub_offline() -> bool:
+    """huggingface_hub's view of HF_HUB_OFFLINE (re-read: it may be set after import)."""
+    from huggingface_hub import constants
+
+    raw = os.environ.get("HF_HUB_OFFLINE", "")
+    return bool(constants.HF_HUB_OFFLINE) or raw.upper() in ("1", "ON", "YES", "TRUE")
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
@@ -73,31 +83,34 @@ def pt_files(model_dir: Path) -> list[Path]:
 
 
 def iterate_weights(files: list[Path], use_safetensors: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, CPU tensor) for every tensor in `files`; a progress bar over many files."""
-    progress = _progress(files)
-    for path in progress:
-        try:
-            yield from _read_file(path, use_safetensors)
-        except (OSError, RuntimeError, ValueError) as e:
-            if isinstance(e, _CheckpointError):
-                raise
-            raise _CheckpointError(f"cannot read weight file {path}: {e}") from e
+    """(name, CPU tensor) for every tensor in `files`, lazily; a progress bar over many files."""
+    for path in _progress(files):
+        if use_safetensors:
+            yield from _read_safetensors(path)
+        else:
+            yield from _guarded(
+                path, lambda p=path: torch.load(p, map_location="cpu", weights_only=True)
+            ).items()
 
 
-class _CheckpointError(RuntimeError):
-    pass
+class CheckpointError(RuntimeError):
+    """A weight file that exists but cannot be read."""
 
 
-def _read_file(path: Path, use_safetensors: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    if use_safetensors:
-        from safetensors import safe_open
+def _guarded(path: Path, fn):
+    try:
+        return fn()
+    except Exception as e:  # safetensors and torch raise their own error types
+        raise CheckpointError(f"cannot read weight file {path}: {e}") from e
 
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, f.get_tensor(name)
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        yield from state.items()
+
+def _read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    handle = _guarded(path, lambda: safe_open(str(path), framework="pt", device="cpu"))
+    with handle as f:
+        for name in list(f.keys()):
+            yield name, _guarded(path, lambda n=name: f.get_tensor(n))
 
 
 def _progress(files: list[Path]):

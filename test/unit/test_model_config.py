@@ -1,0 +1,115 @@
+"""ModelConfig reads both transformers-4 and -5 config.json layouts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.rotary_embedding import get_rope
+
+BASE = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-5,
+    "eos_token_id": 7,
+}
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 256,
+}
+
+
+def _write(tmp_path, extra: dict, gen: dict | None = None) -> str:
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **extra}))
+    if gen is not None:
+        (tmp_path / "generation_config.json").write_text(json.dumps(gen))
+    return str(tmp_path)
+
+
+def test_transformers4_layout(tmp_path):
+    path = _write(
+        tmp_path,
+        {"rope_theta": 500000.0, "rope_scaling": LLAMA3_SCALING, "torch_dtype": "bfloat16"},
+        gen={"eos_token_id": [7, 9]},
+    )
+    cfg = ModelConfig(path)
+    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling["rope_type"] == "llama3"
+    assert cfg.dtype == torch.bfloat16
+    assert cfg.eos_token_ids == {7, 9}
+    assert cfg.head_dim == 16 and cfg.num_key_value_heads == 2
+    assert cfg.context_len == 1024 and cfg.architecture == "LlamaForCausalLM"
+
+
+def test_transformers5_layout_and_explicit_head_dim(tmp_path):
+    params = {"rope_theta": 1e6, **LLAMA3_SCALING}
+    path = _write(
+        tmp_path,
+        {
+            "rope_parameters": params,
+            "dtype": "float16",
+            "head_dim": 32,
+            "tie_word_embeddings": True,
+        },
+    )
+    cfg = ModelConfig(path, context_length=512, dtype="float32")
+    assert cfg.rope_theta == 1e6 and cfg.rope_scaling["factor"] == 8.0
+    assert cfg.head_dim == 32 and cfg.tie_word_embeddings
+    assert cfg.dtype == torch.float32 and cfg.context_len == 512
+
+
+def test_default_rope_is_no_scaling(tmp_path):
+    cfg = ModelConfig(
+        _write(tmp_path, {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}})
+    )
+    assert cfg.rope_scaling is None and cfg.rope_theta == 10000.0
+
+
+def test_bad_dtype_and_missing_config(tmp_path):
+    with pytest.raises(ValueError, match="dtype"):
+        ModelConfig(_write(tmp_path, {}), dtype="int8")
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        ModelConfig(str(tmp_path / "nowhere" / "x"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        ModelConfig(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 4.0}, LLAMA3_SCALING])
+def test_rope_matches_hf(tmp_path, scaling):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    hf_cfg = LlamaConfig(
+        **{k: v for k, v in BASE.items() if k != "architectures"},
+        rope_theta=10000.0,
+        rope_scaling=scaling,
+    )
+    hf_rope = LlamaRotaryEmbedding(hf_cfg)
+    ours = get_rope(16, 1024, 10000.0, scaling)
+    pos = torch.tensor([0, 5, 300, 1000])
+    q, k = torch.randn(4, 4 * 16), torch.randn(4, 2 * 16)
+    cos, sin = hf_rope(q, pos[None])
+    hq, hk = apply_rotary_pos_emb(
+        q.view(1, 4, 4, 16).transpose(1, 2), k.view(1, 4, 2, 16).transpose(1, 2), cos, sin
+    )
+    oq, ok = ours(pos, q, k)
+    torch.testing.assert_close(oq.view(4, 4, 16), hq[0].transpose(0, 1))
+    torch.testing.assert_close(ok.view(4, 2, 16), hk[0].transpose(0, 1))
+
+
+def test_unsupported_rope_type():
+    with pytest.raises(ValueError, match="supported"):
+        get_rope(16, 64, 10000.0, {"rope_type": "mystery", "factor": 2.0})
