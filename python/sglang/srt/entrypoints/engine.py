@@ -361,6 +361,9 @@ class Engine:
     def update_weights_from_disk(self, model_path: str, load_format: str | None = None):
         return self._run(self.tokenizer_manager.update_weights_from_disk(model_path, load_format))
 
+    def child_pids(self) -> dict[str, int]:
+        return {role: proc.pid for role, proc in self._children.procs}
+
     def abort_request(self, rid: str) -> None:
         self._loop.call_soon_threadsafe(self.tokenizer_manager.abort_request, rid)
 

@@ -1,0 +1,167 @@
+"""Engine API features on one Engine: streaming, n, stops, logprobs, abort, limits, control."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+PROMPT = "def add(a, b):\n    return"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir):
+    import sglang as sgl
+
+    llm = sgl.Engine(
+        model_path=str(tiny_llama_dir), num_threads=1, log_level="warning",
+        max_total_tokens=4096, max_running_requests=4, max_queued_requests=6,
+        context_length=256,
+    )
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(engine):
+    yield
+    deadline = time.monotonic() + 10
+    while True:
+        state = engine.get_server_info()["internal_states"][0]
+        if state["num_running_reqs"] == state["num_queued_reqs"] == 0:
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(0.1)
+    assert state["memory_integrity"] == "ok"
+    assert state["available_kv_tokens"] + state["cached_kv_tokens"] == state["max_total_num_tokens"]
+    assert state["free_req_slots"] == state["total_req_slots"]
+
+
+def greedy(num_tokens: int, **extra) -> dict:
+    return {**GREEDY, "max_new_tokens": num_tokens, **extra}
+
+
+def test_single_and_batch_shapes(engine):
+    one = engine.generate(PROMPT, greedy(5))
+    assert set(one) == {"text", "output_ids", "meta_info"}
+    assert len(one["output_ids"]) == 5 and one["meta_info"]["completion_tokens"] == 5
+    batch = engine.generate([PROMPT, "import os"], [greedy(3), greedy(4)])
+    assert [len(o["output_ids"]) for o in batch] == [3, 4]
+    assert batch[0]["output_ids"] == one["output_ids"][:3]
+
+
+def test_stream_chunks_concatenate_to_full_output(engine):
+    full = engine.generate(PROMPT, greedy(8))
+    chunks = list(engine.generate(PROMPT, greedy(8), stream=True))
+    assert len(chunks) >= 2
+    assert "".join(c["text"] for c in chunks) == full["text"]
+    assert sum((c["output_ids"] for c in chunks), []) == full["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_n_expands_into_n_requests(engine):
+    outs = engine.generate(PROMPT, greedy(4, n=3))
+    assert len(outs) == 3
+    assert outs[0]["output_ids"] == outs[1]["output_ids"] == outs[2]["output_ids"]
+
+
+def test_stop_token_ids_and_stop_strings(engine):
+    base = engine.generate(PROMPT, greedy(10))
+    stop_id = base["output_ids"][3]
+    out = engine.generate(PROMPT, greedy(10, stop_token_ids=[stop_id]))
+    first = base["output_ids"].index(stop_id)
+    assert out["output_ids"] == base["output_ids"][: first + 1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
+
+    text = base["text"]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    if not stop.strip():
+        pytest.skip("degenerate stop string")
+    trimmed = engine.generate(PROMPT, greedy(10, stop=stop))
+    assert trimmed["meta_info"]["finish_reason"]["matched"] == stop
+    assert trimmed["text"] == text[: text.index(stop)]
+    kept = engine.generate(PROMPT, greedy(10, stop=stop, no_stop_trim=True))
+    assert kept["text"] == text[: text.index(stop) + len(stop)]
+
+
+def test_logprobs(engine):
+    out = engine.generate(PROMPT, greedy(4), return_logprob=True, top_logprobs_num=2,
+                          logprob_start_len=0)
+    meta = out["meta_info"]
+    assert [t for _, t, _ in meta["output_token_logprobs"]] == out["output_ids"]
+    assert all(lp <= 0 for lp, _, _ in meta["output_token_logprobs"])
+    assert len(meta["output_top_logprobs"]) == 4 and len(meta["output_top_logprobs"][0]) == 2
+    assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
+    assert meta["input_token_logprobs"][0][0] is None
+
+
+def test_bad_input_raises_value_error(engine):
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate(PROMPT, {"temperature": -1.0})
+    with pytest.raises(ValueError, match="context length|longer"):
+        engine.generate(input_ids=[20] * 300, sampling_params=greedy(4))
+    with pytest.raises(ValueError, match="unknown sampling"):
+        engine.generate(PROMPT, {"max_tokens": 3})
+
+
+def test_queue_limit_rejects_with_clear_error(engine):
+    outs = engine.generate(["x = 1"] * 16, greedy(6))
+    reasons = [o["meta_info"]["finish_reason"] for o in outs]
+    rejected = [r for r in reasons if r["type"] == "abort"]
+    assert rejected and "queue is full" in rejected[0]["message"]
+    assert any(r["type"] == "length" for r in reasons)
+
+
+def test_abort_by_rid_and_stream_close_free_resources(engine):
+    result = {}
+
+    def run():
+        result["out"] = engine.generate(PROMPT, greedy(200), rid="to-abort")
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(1.0)
+    engine.abort_request("to-abort")
+    thread.join(timeout=30)
+    assert result["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+
+    stream = engine.generate(PROMPT, greedy(200), stream=True)
+    next(stream)
+    stream.close()  # leaving a stream early aborts the request
+
+
+def test_async_generate_and_sync_call_inside_event_loop(engine):
+    expected = engine.generate(PROMPT, greedy(4))["output_ids"]
+
+    async def main():
+        out = await engine.async_generate(PROMPT, greedy(4))
+        chunks = [c async for c in await engine.async_generate(PROMPT, greedy(4), stream=True)]
+        sync_out = engine.generate(PROMPT, greedy(4))  # blocking call from a running loop
+        return out, chunks, sync_out
+
+    out, chunks, sync_out = asyncio.run(main())
+    assert out["output_ids"] == expected == sync_out["output_ids"]
+    assert sum((c["output_ids"] for c in chunks), []) == expected
+
+
+def test_server_info_flush_cache_and_weight_update(engine, tiny_llama_dir):
+    engine.generate(PROMPT, greedy(2))
+    info = engine.get_server_info()
+    assert info["model_path"] == str(tiny_llama_dir)
+    state = info["internal_states"][0]
+    for key in ("num_running_reqs", "num_queued_reqs", "token_usage", "cache_hit_rate",
+                "chunked_prefill_size", "max_total_num_tokens"):
+        assert key in state
+    assert engine.flush_cache() is True
+    assert engine.get_server_info()["internal_states"][0]["cached_kv_tokens"] == 0
+    ok, _ = engine.update_weights_from_disk(str(tiny_llama_dir))
+    assert ok
+    assert engine.get_server_info()["internal_states"][0]["model_path"] == str(tiny_llama_dir)
+    bad, message = engine.update_weights_from_disk("/nonexistent/model")
+    assert not bad and message
