@@ -121,3 +121,22 @@ def test_chunked_input_logprobs_match_full(setup):
     assert len(ours) == len(prompt) - k - 1
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(ref[k:]), atol=LOGPROB_TOL, rtol=0)
     sched.release([req])
+
+
+def test_paged_kv_cache_and_idle_batch(tiny_llama_dir):
+    """page_size 4 gives the same greedy tokens as HF; an IDLE batch returns nothing."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+
+    model_dir = str(tiny_llama_dir)
+    with get_context().override_server_args(
+        model_path=model_dir, device="cpu", max_total_tokens=1024, page_size=4
+    ):
+        worker = TpModelWorker(ModelConfig(model_dir))
+    hf = load_hf_model(model_dir)
+    prompts = [list(range(10, 31)), [7, 8, 9]]
+    outputs = MiniScheduler(worker).generate([MiniReq(p) for p in prompts], 12)
+    assert outputs == [hf_greedy(hf, p, 12) for p in prompts]
+    worker.token_to_kv_pool_allocator.check_integrity()
+    empty = torch.empty(0, dtype=torch.int64)
+    idle = ModelWorkerBatch(ForwardMode.IDLE, empty, empty, empty, empty)
+    assert worker.forward_batch_generation(idle).next_token_ids == []

@@ -53,7 +53,14 @@ class MiniScheduler:
 
     def _alloc_slots(self, reqs: list[MiniReq], new_lens: list[int]) -> torch.Tensor:
         """Allocate KV slots for each request's new tokens and write them into req_to_token."""
-        locs = self.runner.token_to_kv_pool_allocator.alloc(sum(new_lens))
+        allocator = self.runner.token_to_kv_pool_allocator
+        if allocator.page_size == 1:
+            locs = allocator.alloc(sum(new_lens))
+        else:  # each request fills its own pages
+            table = self.runner.req_to_token_pool.req_to_token
+            last = [int(table[r.req_pool_idx, r.kv_len - 1]) if r.kv_len else -1 for r in reqs]
+            seq_lens = [r.kv_len + n for r, n in zip(reqs, new_lens)]
+            locs = allocator.alloc_extend([r.kv_len for r in reqs], seq_lens, last)
         assert locs is not None, "out of KV slots"
         offset = 0
         for req, n in zip(reqs, new_lens):
