@@ -180,3 +180,6 @@ class FakeTokenizerManager:
 
     def is_alive(self) -> bool:
         return self.alive
+
+    async def aclose(self) -> None:
+        self.alive = False

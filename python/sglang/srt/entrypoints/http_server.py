@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from sglang import __version__
-from sglang.srt.entrypoints.openai.errors import APIError, install_error_handlers
+from sglang.srt.entrypoints.openai.errors import APIError, install_error_handlers, parse_body
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -110,17 +110,20 @@ router = APIRouter()
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
+async def chat_completions(raw_request: Request) -> Response:
+    request = await parse_body(raw_request, ChatCompletionRequest)
     return await server_state(raw_request).chat.handle(request, raw_request)
 
 
 @router.post("/v1/completions")
-async def completions(request: CompletionRequest, raw_request: Request) -> Response:
+async def completions(raw_request: Request) -> Response:
+    request = await parse_body(raw_request, CompletionRequest)
     return await server_state(raw_request).completion.handle(request, raw_request)
 
 
 @router.post("/generate")
-async def generate(request: GenerateRequest, raw_request: Request) -> Response:
+async def generate(raw_request: Request) -> Response:
+    request = await parse_body(raw_request, GenerateRequest)
     return await server_state(raw_request).native.handle(request, raw_request)
 
 
@@ -232,7 +235,8 @@ class AbortRequestBody(BaseModel):
 
 
 @router.post("/abort_request")
-async def abort_request(body: AbortRequestBody, raw_request: Request) -> dict[str, Any]:
+async def abort_request(raw_request: Request) -> dict[str, Any]:
+    body = await parse_body(raw_request, AbortRequestBody)
     server_state(raw_request).tokenizer_manager.abort_request(body.rid)
     return {"success": True, "rid": body.rid}
 
@@ -243,7 +247,8 @@ class UpdateWeightsBody(BaseModel):
 
 
 @router.post("/update_weights_from_disk")
-async def update_weights_from_disk(body: UpdateWeightsBody, raw_request: Request) -> Response:
+async def update_weights_from_disk(raw_request: Request) -> Response:
+    body = await parse_body(raw_request, UpdateWeightsBody)
     tm = server_state(raw_request).tokenizer_manager
     success, message = await tm.update_weights_from_disk(body.model_path, body.load_format)
     payload = {"success": success, "message": message}
@@ -375,6 +380,7 @@ async def serve_app(app: FastAPI) -> int:
     finally:
         for task in helpers:
             task.cancel()
+        await server.state.tokenizer_manager.aclose()
     return server.state.exit_code
 
 
@@ -386,15 +392,10 @@ def _run_event_loop(main: Any) -> int:
     return uvloop.run(main)
 
 
-def stop_children(children: list[Any]) -> None:
-    from sglang.srt.utils import kill_process_tree
+def _apply_log_level() -> None:
+    from sglang.srt.runtime_context import get_observability
 
-    for child in children:
-        pid = getattr(child, "pid", None)
-        if pid is not None:
-            kill_process_tree(pid)
-        if hasattr(child, "join"):
-            child.join(timeout=5)
+    logging.getLogger().setLevel(get_observability().log_level.upper())
 
 
 def launch_server(server_args: Any) -> int:
@@ -402,8 +403,10 @@ def launch_server(server_args: Any) -> int:
     from sglang.srt.entrypoints.engine import _launch_subprocesses
 
     tokenizer_manager, children = _launch_subprocesses(server_args)
+    _apply_log_level()
     try:
         app = create_app(tokenizer_manager)
         return _run_event_loop(serve_app(app))
     finally:
-        stop_children(children)
+        children.shutdown()
+        logger.info("server stopped")

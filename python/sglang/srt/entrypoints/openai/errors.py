@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import logging
 from http import HTTPStatus
+from typing import TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sglang.srt.entrypoints.openai.protocol import ErrorBody, ErrorResponse
 
 logger = logging.getLogger(__name__)
+BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -66,13 +69,21 @@ def unsupported_structured_output(param: str) -> APIError:
     return APIError("structured output not supported yet", 400, param=param, code="unsupported")
 
 
+_TYPE_TAGS = frozenset({"body", "str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _is_type_tag(part: object) -> bool:
+    """pydantic names a union member in the error path ("prompt.list[int].0"); drop it."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part)
+
+
 def from_validation_error(exc: RequestValidationError) -> APIError:
     """The first pydantic error, named by its JSON path (the `body` prefix dropped)."""
     errors = exc.errors()
     if not errors:
         return APIError("invalid request")
     first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    loc = [str(part) for part in first.get("loc", ()) if not _is_type_tag(part)]
     if first.get("type") == "json_invalid":
         return APIError(f"malformed JSON body: {first.get('msg', '')}", code="invalid_json")
     param = ".".join(loc) or None
@@ -104,3 +115,16 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
     app.add_exception_handler(Exception, _unexpected_handler)
+
+
+async def parse_body(raw_request: Request, model: type[BaseModelT]) -> BaseModelT:
+    """The JSON body as `model`, whatever the Content-Type (curl -d sends a form type)."""
+    body = await raw_request.body()
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise APIError(f"malformed JSON body: {exc}", code="invalid_json") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(RequestValidationError(exc.errors())) from None
