@@ -109,34 +109,31 @@ def test_chunked_input_logprobs_match_full(setup):
     worker, hf, prompts = setup
     sched = MiniScheduler(worker)
     prompt = prompts[2]
-    req = MiniReq(prompt)
+    ref = hf_prompt_logprobs(hf, prompt)  # ref[i] is the logprob of prompt[i + 1]
     k = len(prompt) // 2
+    # a radix-style prefix (no logprobs asked for it): chunk position 0 is unknown
+    req = MiniReq(prompt)
     sched.run([req], sched.build_extend([req], [k]))
     req.output_ids.clear()
-    res = worker.forward_batch_generation(
-        sched.build_extend([req], return_logprob=True, logprob_start_lens=[1])
-    )
-    ref = hf_prompt_logprobs(hf, prompt)  # ref[i] is the logprob of prompt[i + 1]
+    res = sched.run([req], sched.build_extend([req], return_logprob=True, logprob_start_lens=[0]))
     ours = res.input_token_logprobs[0]
-    assert len(ours) == len(prompt) - k - 1
-    torch.testing.assert_close(torch.tensor(ours), torch.tensor(ref[k:]), atol=LOGPROB_TOL, rtol=0)
+    assert ours[0] is None and len(ours) == len(prompt) - k
+    torch.testing.assert_close(
+        torch.tensor(ours[1:]), torch.tensor(ref[k:]), atol=LOGPROB_TOL, rtol=0
+    )
     sched.release([req])
-
-
-def test_paged_kv_cache_and_idle_batch(tiny_llama_dir):
-    """page_size 4 gives the same greedy tokens as HF; an IDLE batch returns nothing."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
-
-    model_dir = str(tiny_llama_dir)
-    with get_context().override_server_args(
-        model_path=model_dir, device="cpu", max_total_tokens=1024, page_size=4
-    ):
-        worker = TpModelWorker(ModelConfig(model_dir))
-    hf = load_hf_model(model_dir)
-    prompts = [list(range(10, 31)), [7, 8, 9]]
-    outputs = MiniScheduler(worker).generate([MiniReq(p) for p in prompts], 12)
-    assert outputs == [hf_greedy(hf, p, 12) for p in prompts]
-    worker.token_to_kv_pool_allocator.check_integrity()
-    empty = torch.empty(0, dtype=torch.int64)
-    idle = ModelWorkerBatch(ForwardMode.IDLE, empty, empty, empty, empty)
-    assert worker.forward_batch_generation(idle).next_token_ids == []
+    # chunked prefill asking for logprobs in both chunks: the boundary is filled in
+    req = MiniReq(prompt)
+    first = sched.run(
+        [req], sched.build_extend([req], [k], return_logprob=True, logprob_start_lens=[0])
+    )
+    req.output_ids.clear()
+    second = sched.run(
+        [req], sched.build_extend([req], return_logprob=True, logprob_start_lens=[0])
+    )
+    joined = first.input_token_logprobs[0] + second.input_token_logprobs[0]
+    assert joined[0] is None and len(joined) == len(prompt)
+    torch.testing.assert_close(
+        torch.tensor(joined[1:]), torch.tensor(ref), atol=LOGPROB_TOL, rtol=0
+    )
+    sched.release([req])

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
+_MAX_CARRIED = 256  # logprob rows kept for a request's next chunk (see _carried_head)
+
+
 @dataclass
 class LogitsProcessorOutput:
     next_token_logits: torch.Tensor  # float32[bs, vocab]
@@ -97,17 +100,48 @@ def _input_logprobs(
         offsets.append(offsets[-1] + ext)
     for r, first_row, start in sel.segments:
         ext = fb.extend_seq_lens_cpu[r]
-        # rows first_row .. last[r]-1 predict chunk positions max(start, 1) .. ext-1
-        pred = slice(first_row, sel.last[r])
-        logprobs = torch.log_softmax(logits[pred], dim=-1)  # [n, vocab]
+        # rows first_row .. last[r]-1 predict chunk positions max(start, 1) .. ext-1;
+        # the last row predicts the token after the chunk
+        rows = torch.log_softmax(logits[first_row : sel.last[r] + 1], dim=-1)  # [n + 1, vocab]
         begin = max(start, 1)
         targets = fb.input_ids[offsets[r] + begin : offsets[r] + ext]
-        values = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
-        token_lp[r] = ([None] if start == 0 else []) + values
+        values = rows[:-1].gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
         k = (fb.top_logprobs_nums or [0] * bs)[r]
-        top_lp[r] = ([[]] if start == 0 else []) + _topk(logprobs, k)
+        head = [_carried_head(fb, r, int(fb.input_ids[offsets[r]]), k)] if start == 0 else []
+        token_lp[r] = [h[0] for h in head] + values
+        top_lp[r] = [h[1] for h in head] + _topk(rows[:-1], k)
+        _store_carry(fb, offsets[r] + ext - 1, fb.seq_lens_cpu[r], rows[-1])
     out.input_token_logprobs = token_lp
     out.input_top_logprobs = top_lp
+
+
+def _carried_head(fb: ForwardBatch, r: int, token_id: int, k: int):
+    """(logprob, top list) of chunk position 0, from the row an earlier forward carried.
+
+    Carried rows are keyed by the KV slot of the last token they follow; a slot's
+    entry is dropped when the slot is written again (ForwardBatch.init_new), so
+    a hit means the same KV prefix, whether it is this request's previous chunk
+    or a radix-cache match of it. None when nothing was carried.
+    """
+    prefix_len = fb.extend_prefix_lens_cpu[r]
+    if fb.logprob_carry is None or prefix_len == 0:
+        return None, []
+    row_idx = fb.req_pool_indices_cpu[r]
+    slot = int(fb.req_to_token_pool.req_to_token[row_idx, prefix_len - 1])
+    entry = fb.logprob_carry.get(slot)
+    if entry is None or entry[0] != prefix_len:
+        return None, []
+    return float(entry[1][token_id]), _topk(entry[1].unsqueeze(0), k)[0]
+
+
+def _store_carry(fb: ForwardBatch, last_token_idx: int, seq_len: int, row: torch.Tensor) -> None:
+    """Keep the logprobs that follow this chunk, keyed by its last token's KV slot."""
+    carry = fb.logprob_carry
+    if carry is None:
+        return
+    carry[int(fb.out_cache_loc[last_token_idx])] = (seq_len, row.clone())
+    while len(carry) > _MAX_CARRIED:
+        carry.pop(next(iter(carry)))
 
 
 def _topk(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:

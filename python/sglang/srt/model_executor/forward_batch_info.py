@@ -72,8 +72,10 @@ class GenerationBatchResult:
     next_token_logprobs: list[float] | None = None
     next_token_top_logprobs: list[list[tuple[float, int]]] | None = None
     # Per request, one entry per chunk position in [start, extend_len): the
-    # logprob of that position's token given all earlier tokens; None where the
-    # predicting logits are not in this forward (chunk position 0).
+    # logprob of that position's token given all earlier tokens. Chunk position 0
+    # is None for the first prompt token, and for a prefix this worker did not
+    # just compute with return_logprob (a radix-cache hit); after an earlier chunk
+    # of the same request that wanted input logprobs it is filled in.
     input_token_logprobs: list[list[float | None]] | None = None
     input_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
 
@@ -100,6 +102,9 @@ class ForwardBatch:
     extend_input_logprob_start_lens: list[int] | None = None
     sampling_info: SamplingBatchInfo | None = None
     attn_metadata: object | None = field(default=None, repr=False)
+    # input logprobs across chunk boundaries: the runner's {kv_slot: (seq_len, row)}
+    logprob_carry: dict | None = field(default=None, repr=False)
+    req_pool_indices_cpu: list[int] | None = None
 
     @classmethod
     def init_new(cls, batch: ModelWorkerBatch, runner) -> ForwardBatch:
@@ -125,9 +130,20 @@ class ForwardBatch:
             extend_input_logprob_start_lens=batch.extend_input_logprob_start_lens,
             sampling_info=batch.sampling_info,
         )
+        _drop_overwritten_carry(runner.logprob_carry, batch.out_cache_loc)
+        if batch.return_logprob and batch.forward_mode.is_extend():
+            fb.logprob_carry = runner.logprob_carry
+            fb.req_pool_indices_cpu = batch.req_pool_indices.tolist()
         if not fb.forward_mode.is_idle():
             runner.attn_backend.init_forward_metadata(fb)
         return fb
+
+
+def _drop_overwritten_carry(carry: dict, out_cache_loc: torch.Tensor) -> None:
+    """Carried logprob rows are keyed by KV slot: a slot written again invalidates its row."""
+    if carry:
+        for slot in set(carry).intersection(out_cache_loc.tolist()):
+            del carry[slot]
 
 
 def _positions(batch: ModelWorkerBatch, seq_lens_cpu: list[int]) -> torch.Tensor:

@@ -97,6 +97,9 @@ class ModelRunner:
         self._init_memory_pool()
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.sampler = Sampler()
+        # {kv slot of a chunk's last token: (seq_len, logprobs of what follows)}: input
+        # logprobs across a chunked-prefill boundary (see logits_processor._carried_head)
+        self.logprob_carry: dict[int, tuple[int, torch.Tensor]] = {}
 
     def _init_torch(self) -> None:
         if self.settings.num_threads:
