@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import pytest
+
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.schedule_policy import (
+    NewTokenRatio,
+    PrefillBudget,
+    SchedulePolicy,
+    pick_retractions,
+)
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+def make_req(rid: str, n_in: int = 4, n_out: int = 0, max_new: int = 16) -> Req:
+    req = Req(rid, list(range(n_in)), SamplingParams(max_new_tokens=max_new))
+    req.output_ids = [1] * n_out
+    req.kv_len = n_in + n_out - 1 if n_out else 0
+    return req
+
+
+class Node:
+    def __init__(self, parent=None):
+        self.parent = parent
+
+
+def test_fcfs_keeps_order_and_random_is_a_permutation():
+    reqs = [make_req(str(i)) for i in range(10)]
+    assert SchedulePolicy("fcfs").order(reqs, lambda r: (0, None)) == reqs
+    shuffled = SchedulePolicy("random", seed=3).order(reqs, lambda r: (0, None))
+    assert sorted(r.rid for r in shuffled) == sorted(r.rid for r in reqs)
+
+
+def test_lpm_puts_longest_prefix_first():
+    reqs = [make_req("a"), make_req("b"), make_req("c")]
+    lens = {"a": 1, "b": 9, "c": 4}
+    ordered = SchedulePolicy("lpm").order(reqs, lambda r: (lens[r.rid], None))
+    assert [r.rid for r in ordered] == ["b", "c", "a"]
+
+
+def test_dfs_weight_groups_requests_of_the_heavier_subtree():
+    root = Node()
+    heavy, light = Node(root), Node(root)
+    nodes = {"a": light, "b": heavy, "c": heavy, "d": light, "e": heavy}
+    reqs = [make_req(k) for k in "abcde"]
+    ordered = SchedulePolicy("dfs-weight").order(reqs, lambda r: (0, nodes[r.rid]))
+    assert [r.rid for r in ordered] == ["b", "c", "e", "a", "d"]
+
+
+def test_unknown_policy_is_rejected():
+    with pytest.raises(ValueError, match="unknown schedule policy"):
+        SchedulePolicy("lifo")
+
+
+def test_budget_chunks_and_stops():
+    budget = PrefillBudget(rem_total_tokens=1000, rem_input_tokens=1000,
+                           rem_chunk_tokens=16, rem_running_slots=8)
+    assert budget.grant(10, reserve_output=5) == 10
+    assert budget.grant(40, reserve_output=5) == 6  # the chunk's remainder
+    assert budget.stopped and budget.grant(1, 0) is None
+
+
+def test_budget_refuses_what_does_not_fit():
+    budget = PrefillBudget(rem_total_tokens=50, rem_input_tokens=1000,
+                           rem_chunk_tokens=None, rem_running_slots=8)
+    assert budget.grant(40, reserve_output=20) is None
+    assert budget.grant(20, reserve_output=20) == 20
+    budget = PrefillBudget(rem_total_tokens=10**6, rem_input_tokens=100,
+                           rem_chunk_tokens=None, rem_running_slots=1)
+    assert budget.grant(500, 0) == 500  # a first request may exceed max_prefill_tokens
+    assert budget.grant(1, 0) is None  # no running slot left
+
+
+def test_page_aligned_chunks():
+    budget = PrefillBudget(rem_total_tokens=1000, rem_input_tokens=1000,
+                           rem_chunk_tokens=10, rem_running_slots=8, page_size=4)
+    assert budget.grant(30, 0) == 8
+
+
+def test_new_token_ratio_decays_and_resets():
+    ratio = NewTokenRatio(1.0, decay_steps=10)
+    start = ratio.value
+    for _ in range(100):
+        ratio.decay()
+    assert ratio.value == pytest.approx(ratio.min)
+    ratio.on_retract()
+    assert ratio.value == start
+    assert ratio.reserve([make_req("a", max_new=100)]) == int(100 * start)
+
+
+def test_pick_retractions_prefers_least_progress_and_keeps_one():
+    reqs = [make_req("a", n_in=10, n_out=5), make_req("b", n_in=50, n_out=1),
+            make_req("c", n_in=10, n_out=1)]
+    victims = pick_retractions(reqs, need_tokens=3, free_tokens=0)
+    assert victims[0].rid == "b"
+    assert len(pick_retractions(reqs, need_tokens=10**6, free_tokens=0)) == 2
