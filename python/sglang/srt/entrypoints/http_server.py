@@ -47,6 +47,7 @@ OPEN_PATHS = frozenset({"/health"})  # served without the API key
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 GRACEFUL_SHUTDOWN_S = 10.0  # in-flight requests get this long before they are aborted
 WATCH_INTERVAL_S = 1.0
+DEAD_GRACE_S = 2.0  # /health answers 503 this long before a server with a dead child exits
 WARMUP_PROMPT = "The capital of France is"
 
 
@@ -351,12 +352,16 @@ def _fail(server: _Server, why: str) -> None:
 
 
 async def _watch_children(server: _Server) -> None:
-    """A dead scheduler makes /health 503 and takes the server down (exit 1)."""
-    while not server.should_exit:
+    """A dead scheduler makes /health 503, then takes the server down (exit 1)."""
+    state = server.state
+    while not server.should_exit and state.tokenizer_manager.is_alive():
         await asyncio.sleep(WATCH_INTERVAL_S)
-        if not server.state.tokenizer_manager.is_alive():
-            _fail(server, "a runtime process died")
-            return
+    if server.should_exit:
+        return
+    state.status = ServerStatus.DEAD
+    logger.error("a runtime process died; exiting in %.0f s", DEAD_GRACE_S)
+    await asyncio.sleep(DEAD_GRACE_S)
+    _fail(server, "a runtime process died")
 
 
 async def serve_app(app: FastAPI) -> int:

@@ -1,0 +1,131 @@
+"""End to end: readiness, API key, weight reload readback, SIGTERM and a dead scheduler."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import openai
+import psutil
+import pytest
+import requests
+from http_server_fixture import start_server
+
+from sglang.test.make_tiny_model import make_tiny_model
+
+pytestmark = pytest.mark.slow
+KEY = "sekret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir, tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("lifecycle-server") / "server.log"
+    srv = start_server(tiny_llama_dir, log_path, "--api-key", KEY, "--log-level", "info")
+    yield srv
+    srv.stop()
+
+
+def greedy(server, prompt: str = "The answer is") -> str:
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    return requests.post(server.base_url + "/generate", json=body, headers=AUTH).json()["text"]
+
+
+def test_ready_line_logged(server):
+    assert f"ready to roll! URL: {server.base_url}" in server.log()
+
+
+def test_api_key_required_except_health(server):
+    assert requests.get(server.base_url + "/health").status_code == 200
+    missing = requests.get(server.base_url + "/v1/models")
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "invalid_api_key"
+    wrong = openai.OpenAI(base_url=server.base_url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+    right = openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
+    model = right.models.list().data[0].id
+    reply = right.completions.create(model=model, prompt="hi", max_tokens=2)
+    assert reply.usage.completion_tokens == 2
+
+
+def test_update_weights_readback(server, tiny_llama_dir, tmp_path):
+    before = greedy(server)
+    other = make_tiny_model("llama", tmp_path / "other", seed=1)
+    response = requests.post(server.base_url + "/update_weights_from_disk", headers=AUTH,
+                             json={"model_path": str(other)})  # fmt: skip
+    assert response.status_code == 200 and response.json()["success"] is True
+    assert greedy(server) != before
+    model_info = requests.get(server.base_url + "/model_info", headers=AUTH).json()
+    assert model_info["model_path"] == str(other)
+    info = requests.get(server.base_url + "/server_info", headers=AUTH).json()
+    assert info["model_path"] == str(other)  # the TokenizerManager's record
+    assert info["internal_states"][0]["model_path"] == str(other)  # the scheduler's override
+    bad = requests.post(server.base_url + "/update_weights_from_disk", headers=AUTH,
+                        json={"model_path": str(tmp_path / "missing")})  # fmt: skip
+    assert bad.status_code == 400 and "error" in bad.json()
+    requests.post(server.base_url + "/update_weights_from_disk", headers=AUTH,
+                  json={"model_path": str(tiny_llama_dir)})  # fmt: skip
+    assert greedy(server) == before
+
+
+def _group_alive(pgid: int) -> bool:
+    return any(_pgid(p) == pgid for p in psutil.process_iter())
+
+
+def _pgid(proc: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def test_sigterm_stops_everything_and_exits_zero(server):
+    """Runs last in this module: it stops the module's server."""
+    body = {"text": "Once", "stream": True,
+            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}  # fmt: skip
+    started = threading.Event()
+
+    def stream() -> None:
+        try:
+            with requests.post(server.base_url + "/generate", json=body, headers=AUTH,
+                               stream=True, timeout=120) as r:  # fmt: skip
+                for _ in r.iter_lines():
+                    started.set()
+        except requests.RequestException:
+            pass
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    assert started.wait(60)
+    begin = time.time()
+    assert server.stop(signal.SIGTERM, timeout_s=60) == 0
+    assert time.time() - begin < 30
+    thread.join(timeout=10)
+    deadline = time.time() + 10
+    while _group_alive(server.proc.pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _group_alive(server.proc.pid)
+
+
+def test_dead_scheduler_makes_health_503_and_exits(tiny_llama_dir, tmp_path):
+    srv = start_server(tiny_llama_dir, tmp_path / "server.log", "--skip-server-warmup")
+    try:
+        children = psutil.Process(srv.proc.pid).children(recursive=True)
+        spawned = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+        scheduler = max(spawned, key=lambda p: p.memory_info().rss)  # it holds the model
+        scheduler.kill()
+        seen_503 = False
+        deadline = time.time() + 30
+        while srv.proc.poll() is None and time.time() < deadline:
+            try:
+                seen_503 |= requests.get(srv.base_url + "/health", timeout=1).status_code == 503
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        assert seen_503
+        assert srv.proc.wait(timeout=30) != 0
+    finally:
+        srv.stop(signal.SIGKILL)
