@@ -78,6 +78,9 @@ class TokenToKVPoolAllocator:
         `last_locs[i]` is the slot of request i's token at prefix_len - 1 (-1 if
         none); its page's remaining slots are used before new pages are taken.
         """
+        if self.page_size == 1:
+            new_len = sum(seq_lens) - sum(prefix_lens)
+            return self.alloc(new_len) if new_len else torch.empty(0, dtype=torch.int64)
         plan = [self._plan(p, s, last) for p, s, last in zip(prefix_lens, seq_lens, last_locs)]
         if sum(n for _, n in plan) > self._num_free:
             return None
