@@ -1,0 +1,145 @@
+"""The Scheduler in-process (no child processes): fake queues, a real TpModelWorker.
+
+Covers what is awkward through the Engine: abort at every stage, stream
+intervals, page_size > 1, and the idle integrity check after each scenario.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchTokenIDOutput,
+    FlushCacheReqInput,
+    TokenizedGenerateReqInput,
+)
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+class FakeQueue:
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def recv(self, timeout_ms=None):
+        return self.items.pop(0) if self.items else None
+
+    def recv_all_nowait(self):
+        out, self.items = self.items, []
+        return out
+
+    def send(self, msg) -> None:
+        self.items.append(msg)
+
+
+def make_scheduler(model_dir: str, **fields):
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.runtime_context import get_context
+
+    base = dict(num_threads=1, max_total_tokens=4096, max_running_requests=16)
+    ctx = get_context().override_server_args(
+        model_path=model_dir, device="cpu", **{**base, **fields}
+    )
+    ctx.install()
+    config = ModelConfig(model_dir)
+    sched = Scheduler(TpModelWorker(config), config, None, FakeQueue(), FakeQueue(), FakeQueue())
+    return sched, ctx
+
+
+def request(rid: str, ids: list[int], max_new: int = 5, stream: bool = False):
+    params = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
+    params.normalize()
+    return TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids,
+                                     sampling_params=params, stream=stream)
+
+
+def run_until_idle(sched, max_steps: int = 500) -> dict[str, list]:
+    """Step to idle; returns rid -> list of (new ids, finish reason) messages."""
+    got: dict[str, list] = {}
+    for _ in range(max_steps):
+        sched.step()
+        for msg in sched.send_to_detokenizer.recv_all_nowait():
+            assert isinstance(msg, BatchTokenIDOutput)
+            for rid, ids, fin in zip(msg.rids, msg.new_output_ids, msg.finished_reasons):
+                got.setdefault(rid, []).append((ids, fin))
+        if sched.is_idle():
+            break
+    sched.step()  # an idle step runs the integrity check
+    assert sched.integrity_error is None
+    sched.check_memory_integrity()
+    return got
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = random.Random(3)
+    return [[rng.randrange(16, 8000) for _ in range(rng.randrange(3, 40))] for _ in range(12)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_dir, prompts):
+    sched, ctx = make_scheduler(str(tiny_llama_dir))
+    try:
+        for i, p in enumerate(prompts):
+            sched.recv_from_tokenizer.send(request(str(i), p))
+        got = run_until_idle(sched)
+        return [sum((ids for ids, _ in got[str(i)]), []) for i in range(len(prompts))]
+    finally:
+        ctx.restore()
+
+
+@pytest.mark.parametrize("fields", [
+    {"page_size": 4},
+    {"page_size": 4, "chunked_prefill_size": 8},
+    {"schedule_policy": "lpm"},
+    {"schedule_policy": "dfs-weight", "chunked_prefill_size": 16},
+    {"schedule_policy": "random", "max_total_tokens": 256},
+], ids=["page4", "page4-chunk8", "lpm", "dfs-weight-chunk16", "random-small-pool"])
+def test_outputs_match_across_configurations(tiny_llama_dir, prompts, reference, fields):
+    sched, ctx = make_scheduler(str(tiny_llama_dir), **fields)
+    try:
+        for rnd in range(2):  # the second round hits the prefix cache
+            for i, p in enumerate(prompts):
+                sched.recv_from_tokenizer.send(request(f"{rnd}-{i}", p))
+            got = run_until_idle(sched)
+            outs = [sum((ids for ids, _ in got[f"{rnd}-{i}"]), []) for i in range(len(prompts))]
+            assert outs == reference
+    finally:
+        ctx.restore()
+
+
+def test_abort_at_every_stage_and_stream_interval(tiny_llama_dir, prompts):
+    sched, ctx = make_scheduler(str(tiny_llama_dir), chunked_prefill_size=8,
+                                stream_interval=2, max_queued_requests=3)
+    q = sched.recv_from_tokenizer
+    try:
+        long_prompt = prompts[0] * 4
+        q.send(request("chunked", long_prompt, max_new=4))
+        q.send(request("running", prompts[1], max_new=50, stream=True))
+        q.send(request("waiting", prompts[2], max_new=4))
+        q.send(request("rejected", prompts[3]))
+        sched.step()  # first chunk of "chunked" runs
+        assert sched.chunked_req is not None and sched.chunked_req.rid == "chunked"
+        q.send(AbortReq("chunked"))
+        q.send(AbortReq("waiting"))
+        for _ in range(4):
+            sched.step()
+        q.send(AbortReq("running"))
+        got = run_until_idle(sched)
+        assert got["rejected"][-1][1]["status_code"] == 503
+        for rid in ("chunked", "waiting", "running"):
+            assert got[rid][-1][1]["type"] == "abort", rid
+        streamed = [len(ids) for ids, fin in got["running"] if fin is None]
+        assert streamed and all(n == 2 for n in streamed)
+        q.send(FlushCacheReqInput())
+        sched.step()
+        assert sched.send_to_tokenizer.items[-1].success
+        assert sched.tree_cache.total_size() == 0
+    finally:
+        ctx.restore()
