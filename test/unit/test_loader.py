@@ -107,3 +107,35 @@ def test_hub_id_offline_gives_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE"):
         resolve_model_path("no-such-org/no-such-model")
+
+
+def test_update_weights_from_disk(tmp_path):
+    from transformers import LlamaConfig
+
+    a, b, bad = tmp_path / "a", tmp_path / "b", tmp_path / "bad"
+    _save_hf(a, _config("llama"))
+    torch.manual_seed(1)
+    from transformers import AutoModelForCausalLM
+
+    hf_b = AutoModelForCausalLM.from_config(_config("llama"), dtype=torch.float32).eval()
+    hf_b.save_pretrained(b)
+    _save_hf(bad, LlamaConfig(**{**SMALL, "hidden_size": 32}))
+    with get_context().override_server_args(
+        model_path=str(a), device="cpu", max_total_tokens=256, max_running_requests=4
+    ):
+        worker = TpModelWorker(ModelConfig(str(a)))
+    sched = MiniScheduler(worker)
+
+    def last_logits():
+        req = MiniReq(PROMPT)
+        out = worker.forward_batch_logits(sched.build_extend([req])).next_token_logits[0]
+        sched.release([req])
+        return out
+
+    before = last_logits()
+    ok, message = worker.update_weights_from_disk(str(bad))
+    assert not ok and "hidden_size" in message
+    torch.testing.assert_close(last_logits(), before)
+    ok, _ = worker.update_weights_from_disk(str(b))
+    assert ok
+    torch.testing.assert_close(last_logits(), hf_logits(hf_b, PROMPT)[-1], atol=1e-4, rtol=0)
