@@ -34,6 +34,7 @@ class BenchRequest:
     prompt: str
     prompt_len: int
     output_len: int
+    input_ids: list[int] | None = None  # exact-length prompt, sent where the backend takes ids
 
 
 def _lengths(mean_len: int, range_ratio: float, count: int, rng: random.Random) -> list[int]:
@@ -55,10 +56,9 @@ def random_requests(args: argparse.Namespace, tokenizer: Any | None) -> list[Ben
     for input_len, output_len in zip(input_lens, output_lens):
         if tokenizer is not None:
             ids = [rng.randrange(100, len(tokenizer) - 1) for _ in range(input_len)]
-            prompt = tokenizer.decode(ids)
+            requests.append(BenchRequest(tokenizer.decode(ids), input_len, output_len, ids))
         else:
-            prompt = _word_prompt(input_len, rng)
-        requests.append(BenchRequest(prompt, input_len, output_len))
+            requests.append(BenchRequest(_word_prompt(input_len, rng), input_len, output_len))
     return requests
 
 
@@ -103,7 +103,8 @@ def _headers(args: argparse.Namespace) -> dict[str, str]:
 def build_payload(args: argparse.Namespace, req: BenchRequest) -> tuple[str, dict[str, Any]]:
     if args.backend == "sglang":
         params = {"max_new_tokens": req.output_len, "temperature": 0.0, "ignore_eos": True}
-        return "/generate", {"text": req.prompt, "sampling_params": params, "stream": True}
+        prompt = {"text": req.prompt} if req.input_ids is None else {"input_ids": req.input_ids}
+        return "/generate", {**prompt, "sampling_params": params, "stream": True}
     payload = {
         "model": args.model,
         "prompt": req.prompt,
