@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -40,22 +38,11 @@ def _signal_quietly(proc: psutil.Process, sig: int) -> None:
         pass
 
 
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """Ask Linux to send `sig` to this process when its parent thread exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, sig)
-    except OSError:
-        pass
-
-
 def start_parent_watcher(poll_s: float = 1.0) -> threading.Thread:
     """Exit this (child) process soon after its parent process is gone.
 
-    PR_SET_PDEATHSIG fires when the parent *thread* dies, which can be a helper
-    thread; polling the parent pid covers every other case.
+    Polling (not PR_SET_PDEATHSIG, which fires when the spawning *thread* exits)
+    keeps children alive when an Engine is built on a short-lived thread.
     """
     parent_pid = os.getppid()
 

@@ -15,7 +15,6 @@ from sglang.srt.managers.io_struct import ChildFailed, ChildReady
 from sglang.srt.utils import (
     configure_child_logging,
     format_exception_text,
-    set_parent_death_signal,
     start_parent_watcher,
 )
 
@@ -29,7 +28,8 @@ def run_child(role: str, server_args: Any, ready_writer: Any, build: BuildFn) ->
     from sglang.srt.runtime_context import publish
 
     publish(server_args, role=role)
-    set_parent_death_signal()
+    # No PR_SET_PDEATHSIG: it fires when the spawning *thread* exits, and an
+    # Engine may be built on a short-lived thread. Polling the parent pid is safe.
     start_parent_watcher()
     _configure_logging(role)
     try:
