@@ -20,10 +20,19 @@ KEY = "sekret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir, tmp_path_factory):
-    log_path = tmp_path_factory.mktemp("lifecycle-server") / "server.log"
-    srv = start_server(tiny_llama_dir, log_path, "--api-key", KEY, "--log-level", "info")
+    workdir = tmp_path_factory.mktemp("lifecycle-server")
+    template = workdir / "template.jinja"
+    template.write_text(TEMPLATE)
+    srv = start_server(tiny_llama_dir, workdir / "server.log", "--api-key", KEY,
+                       "--log-level", "info", "--chat-template", str(template))  # fmt: skip
     yield srv
     srv.stop()
 
@@ -49,6 +58,22 @@ def test_api_key_required_except_health(server):
     model = right.models.list().data[0].id
     reply = right.completions.create(model=model, prompt="hi", max_tokens=2)
     assert reply.usage.completion_tokens == 2
+
+
+def test_chat_template_file(server, tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
+    messages = [{"role": "user", "content": "Hi there"}]
+    reply = client.chat.completions.create(model=client.models.list().data[0].id,
+                                           messages=messages, max_tokens=8, temperature=0)  # fmt: skip
+    ids = AutoTokenizer.from_pretrained(tiny_llama_dir).encode(
+        "user: Hi there\nassistant:", add_special_tokens=False
+    )
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    native = requests.post(server.base_url + "/generate", json=body, headers=AUTH).json()
+    assert reply.choices[0].message.content == native["text"]
+    assert reply.usage.prompt_tokens == len(ids)
 
 
 def test_update_weights_readback(server, tiny_llama_dir, tmp_path):
