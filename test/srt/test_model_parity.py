@@ -137,3 +137,46 @@ def test_chunked_input_logprobs_match_full(setup):
         torch.tensor(joined[1:]), torch.tensor(ref), atol=LOGPROB_TOL, rtol=0
     )
     sched.release([req])
+
+
+def test_paged_kv_cache_and_idle_batch(tiny_llama_dir):
+    """page_size 4 gives the same greedy tokens as HF; an IDLE batch returns nothing."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+
+    model_dir = str(tiny_llama_dir)
+    with get_context().override_server_args(
+        model_path=model_dir, device="cpu", max_total_tokens=1024, page_size=4
+    ):
+        worker = TpModelWorker(ModelConfig(model_dir))
+    hf = load_hf_model(model_dir)
+    prompts = [list(range(10, 31)), [7, 8, 9]]
+    outputs = MiniScheduler(worker).generate([MiniReq(p) for p in prompts], 12)
+    assert outputs == [hf_greedy(hf, p, 12) for p in prompts]
+    worker.token_to_kv_pool_allocator.check_integrity()
+    empty = torch.empty(0, dtype=torch.int64)
+    idle = ModelWorkerBatch(ForwardMode.IDLE, empty, empty, empty, empty)
+    assert worker.forward_batch_generation(idle).next_token_ids == []
+
+
+@pytest.mark.parametrize("pad_waste", [0.0, 1e9], ids=["ragged", "padded"])
+def test_extend_attention_layouts_agree(tiny_llama_dir, monkeypatch, pad_waste):
+    """The per-request (ragged) and the padded extend paths give the same logits."""
+    from sglang.srt.layers.attention import torch_native_backend
+
+    model_dir = str(tiny_llama_dir)
+    with get_context().override_server_args(
+        model_path=model_dir, device="cpu", max_total_tokens=2048
+    ):
+        worker = TpModelWorker(ModelConfig(model_dir))
+    sched = MiniScheduler(worker)
+    prompts = [list(range(10, 60)), [7, 8, 9], list(range(100, 120))]
+    full = worker.forward_batch_logits(
+        sched.build_extend([MiniReq(p) for p in prompts])
+    ).next_token_logits
+    monkeypatch.setattr(torch_native_backend, "_MAX_PAD_WASTE", pad_waste)
+    chunked = _two_chunk_logits(worker, sched, prompts, [len(p) // 2 for p in prompts])
+    torch.testing.assert_close(chunked, full, atol=1e-4, rtol=0)
+    fresh = worker.forward_batch_logits(
+        sched.build_extend([MiniReq(p) for p in prompts])
+    ).next_token_logits
+    torch.testing.assert_close(fresh, full, atol=1e-4, rtol=0)

@@ -37,6 +37,25 @@ class _ExtendMetadata:
     use_causal: bool  # no mask: plain causal over equal-length, prefix-free requests
 
 
+@dataclass
+class _ReqExtend:
+    """One request of a ragged extend batch, attended on its own."""
+
+    token_start: int  # first row of this request in the batch's new tokens
+    extend_len: int
+    kv_indices: torch.Tensor | None  # int64[seq_len]; None when nothing is cached
+    mask: torch.Tensor | None  # bool[1, 1, extend_len, seq_len]; None = plain causal
+
+
+@dataclass
+class _RaggedExtendMetadata:
+    reqs: list[_ReqExtend]
+
+
+# Pad a ragged extend batch to one SDPA call unless padding multiplies the work by more
+_MAX_PAD_WASTE = 2.0
+
+
 class TorchNativeAttnBackend(AttentionBackend):
     def __init__(self, runner) -> None:
         self.device = runner.device
@@ -63,9 +82,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         uniform = min(fb.seq_lens_cpu) == max_len
         return _DecodeMetadata(idx, None if uniform else valid[:, None, None, :])
 
-    def _extend_metadata(self, fb: ForwardBatch) -> _ExtendMetadata:
+    def _extend_metadata(self, fb: ForwardBatch) -> _ExtendMetadata | _RaggedExtendMetadata:
         ext, pre = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu
         bs, max_ext = len(ext), max(ext)
+        padded_work = bs * max_ext * max(fb.seq_lens_cpu)
+        if padded_work > _MAX_PAD_WASTE * sum(e * s for e, s in zip(ext, fb.seq_lens_cpu)):
+            return self._ragged_metadata(fb)
         uniform = min(ext) == max_ext
         pad_index = None if uniform else _pad_index(ext, max_ext, self.device)
         if not any(pre):
@@ -75,6 +97,19 @@ class TorchNativeAttnBackend(AttentionBackend):
         idx, _ = self._kv_indices(fb, max_seq)
         mask = _causal_mask(pre, ext, max_ext, max_seq, self.device)
         return _ExtendMetadata(bs, max_ext, pad_index, idx, mask, False)
+
+    def _ragged_metadata(self, fb: ForwardBatch) -> _RaggedExtendMetadata:
+        table = fb.req_to_token_pool.req_to_token
+        pool_indices = fb.req_pool_indices.tolist()
+        reqs, start = [], 0
+        for row, ext, pre in zip(pool_indices, fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu):
+            idx = mask = None
+            if pre:
+                idx = table[row, : pre + ext].to(torch.int64)
+                mask = _causal_mask([pre], [ext], ext, pre + ext, self.device)
+            reqs.append(_ReqExtend(start, ext, idx, mask))
+            start += ext
+        return _RaggedExtendMetadata(reqs)
 
     # -- per layer ----------------------------------------------------------------------
 
@@ -119,6 +154,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         k, v = k.view(t, hkv, d), v.view(t, hkv, d)
         if save_kv_cache:
             pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        if isinstance(md, _RaggedExtendMetadata):
+            return self._ragged_extend(q.view(t, hq, d), k, v, layer, pool, md)
         qp = self._pad(q.view(t, hq, d), md)  # [bs, Hq, max_ext, D]
         if md.kv_indices is None:  # nothing cached: attend over the new tokens only
             keys, values = self._pad(k, md), self._pad(v, md)
@@ -136,6 +173,31 @@ class TorchNativeAttnBackend(AttentionBackend):
             enable_gqa=hq != hkv,
         )  # [bs, Hq, max_ext, D]
         return self._unpad(out, md, hq * d)
+
+    @staticmethod
+    def _ragged_extend(q, k, v, layer: RadixAttention, pool, md: _RaggedExtendMetadata):
+        """q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq * D], one SDPA call per request."""
+        kv_buffer = pool.get_kv_buffer(layer.layer_id)
+        outs = []
+        for r in md.reqs:
+            rows = slice(r.token_start, r.token_start + r.extend_len)
+            qi = q[rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, ext, D]
+            if r.kv_indices is None:
+                ki, vi = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # [Hkv, ext, D]
+            else:
+                kv = kv_buffer.index_select(0, r.kv_indices)  # [seq, 2, Hkv, D]
+                ki, vi = kv[:, 0].transpose(0, 1).to(q.dtype), kv[:, 1].transpose(0, 1).to(q.dtype)
+            out = F.scaled_dot_product_attention(
+                qi,
+                ki.unsqueeze(0),
+                vi.unsqueeze(0),
+                attn_mask=r.mask,
+                is_causal=r.mask is None,
+                scale=layer.scaling,
+                enable_gqa=q.shape[1] != k.shape[1],
+            )  # [1, Hq, ext, D]
+            outs.append(out[0].transpose(0, 1).reshape(r.extend_len, -1))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     @staticmethod
     def _pad(x: torch.Tensor, md: _ExtendMetadata) -> torch.Tensor:
