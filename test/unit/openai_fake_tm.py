@@ -52,6 +52,7 @@ class FakeTokenizerManager:
     context_len: int = 256
     served_model_name: str = "fake-model"
     step_delay_s: float = 0.0
+    fail_after_tokens: int | None = None  # raise RuntimeError (a dead runtime) after this many
     alive: bool = True
     tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
     model_config: FakeModelConfig = field(default_factory=FakeModelConfig)
@@ -98,6 +99,8 @@ class FakeTokenizerManager:
             if obj.rid in self.aborted:
                 reason = {"type": "abort", "matched": None, "message": "aborted"}
                 break
+            if self.fail_after_tokens is not None and len(ids) >= self.fail_after_tokens:
+                raise RuntimeError("The scheduler process exited unexpectedly.")
             char = OUTPUT_ALPHABET[(start + len(ids)) % len(OUTPUT_ALPHABET)]
             ids.append(ord(char))
             text += char

@@ -340,3 +340,21 @@ def test_openai_client(client):
     assert "".join(c.choices[0].text for c in chunks if c.choices)
     assert chunks[-1].usage.completion_tokens == 3
     assert set("".join(c.choices[0].text for c in chunks if c.choices)) <= set(OUTPUT_ALPHABET)
+
+
+def test_json_body_without_content_type(client):
+    body = json.dumps(chat_body(max_tokens=2)).encode()
+    response = client.post("/v1/chat/completions", content=body,
+                           headers={"content-type": "application/x-www-form-urlencoded"})  # fmt: skip
+    assert response.status_code == 200 and len(response.json()["choices"]) == 1
+
+
+def test_runtime_failure_mid_stream_is_an_sse_error(client, tm):
+    tm.fail_after_tokens = 2
+    with client.stream("POST", "/v1/chat/completions",
+                       json=chat_body(max_tokens=10, stream=True)) as response:  # fmt: skip
+        assert response.status_code == 200
+        events = sse_events(response)
+    assert events[-1]["error"]["type"] == "service_unavailable_error"
+    tm.fail_after_tokens = None
+    assert client.post("/v1/chat/completions", json=chat_body(max_tokens=1)).status_code == 200
