@@ -94,3 +94,10 @@ def test_pick_retractions_prefers_least_progress_and_keeps_one():
     victims = pick_retractions(reqs, need_tokens=3, free_tokens=0)
     assert victims[0].rid == "b"
     assert len(pick_retractions(reqs, need_tokens=10**6, free_tokens=0)) == 2
+
+
+def test_a_lone_request_is_admitted_without_its_output_reserve():
+    budget = PrefillBudget(rem_total_tokens=50, rem_input_tokens=1000,
+                           rem_chunk_tokens=None, rem_running_slots=8, has_running=False)
+    assert budget.grant(40, reserve_output=100) == 40
+    assert budget.grant(5, reserve_output=100) is None

@@ -77,6 +77,9 @@ class PrefillBudget:
     rem_chunk_tokens: int | None  # chunked_prefill_size left; None = no chunking
     rem_running_slots: int  # max_running_requests minus running and admitted
     page_size: int = 1
+    # With nothing running, a request that fits without its output reserve is
+    # admitted anyway (else it would wait forever); retraction covers the rest.
+    has_running: bool = True
     stopped: bool = False
     num_admitted: int = 0
 
@@ -94,7 +97,10 @@ class PrefillBudget:
         truncated = granted < extend_len
         need = granted + (0 if truncated else reserve_output)
         if need > self.rem_total_tokens:
-            return None
+            alone = not self.has_running and self.num_admitted == 0
+            if not alone or granted > self.rem_total_tokens:
+                return None
+            need = granted
         if granted > self.rem_input_tokens and self.num_admitted > 0:
             return None
         self._charge(granted, need, truncated)

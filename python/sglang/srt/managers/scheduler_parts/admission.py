@@ -45,8 +45,9 @@ class SchedulerAdmissionMixin:
         return self._finish_prefill_batch(admitted, prefix_lens)
 
     def _new_budget(self) -> PrefillBudget:
-        in_flight = self.running.reqs + ([self.chunked_req] if self.chunked_req else [])
-        reserve = self.new_token_ratio.reserve(in_flight)
+        # The chunked request (if any) is the first candidate: its reserve is
+        # charged when its last chunk is granted, not here.
+        reserve = self.new_token_ratio.reserve(self.running.reqs)
         chunk = self.chunked_prefill_size
         return PrefillBudget(
             rem_total_tokens=self.free_kv_tokens() - reserve,
@@ -54,6 +55,7 @@ class SchedulerAdmissionMixin:
             rem_chunk_tokens=chunk if chunk is not None and chunk > 0 else None,
             rem_running_slots=self.max_running_requests - len(self.running),
             page_size=self.page_size,
+            has_running=bool(self.running.reqs),
         )
 
     def _candidates(self) -> list[Req]:
