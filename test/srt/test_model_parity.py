@@ -160,7 +160,7 @@ def test_paged_kv_cache_and_idle_batch(tiny_llama_dir):
 
 @pytest.mark.parametrize("pad_waste", [0.0, 1e9], ids=["ragged", "padded"])
 def test_extend_attention_layouts_agree(tiny_llama_dir, monkeypatch, pad_waste):
-    """The per-request (ragged) and the padded extend paths give the same logits."""
+    """Per-request / per-length-group (ragged) and padded attention give the same results."""
     from sglang.srt.layers.attention import torch_native_backend
 
     model_dir = str(tiny_llama_dir)
@@ -180,3 +180,6 @@ def test_extend_attention_layouts_agree(tiny_llama_dir, monkeypatch, pad_waste):
         sched.build_extend([MiniReq(p) for p in prompts])
     ).next_token_logits
     torch.testing.assert_close(fresh, full, atol=1e-4, rtol=0)
+    hf = load_hf_model(model_dir)
+    outputs = sched.generate([MiniReq(p) for p in prompts], 8)  # decode in length groups
+    assert outputs == [hf_greedy(hf, p, 8) for p in prompts]

@@ -22,9 +22,17 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class _DecodeGroup:
+    """Requests of similar length, padded to one SDPA call."""
+
+    rows: torch.Tensor | None  # int64[g]: their rows in the batch; None = the whole batch
+    kv_indices: torch.Tensor  # int64[g, max_seq_len]; padding -> slot 0
+    mask: torch.Tensor | None  # bool[g, 1, 1, max_seq_len]; None when all lengths agree
+
+
+@dataclass
 class _DecodeMetadata:
-    kv_indices: torch.Tensor  # int64[bs, max_seq_len]; padding -> slot 0
-    mask: torch.Tensor | None  # bool[bs, 1, 1, max_seq_len]; None when all lengths agree
+    groups: list[_DecodeGroup]
 
 
 @dataclass
@@ -69,18 +77,35 @@ class TorchNativeAttnBackend(AttentionBackend):
         else:
             self.metadata = self._extend_metadata(forward_batch)
 
-    def _kv_indices(self, fb: ForwardBatch, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(slot ids int64[bs, max_len] with padding -> 0, valid bool[bs, max_len])."""
-        table = fb.req_to_token_pool.req_to_token
-        idx = table.index_select(0, fb.req_pool_indices)[:, :max_len].to(torch.int64)
-        valid = torch.arange(max_len, device=idx.device).unsqueeze(0) < fb.seq_lens.unsqueeze(1)
+    @staticmethod
+    def _kv_indices(
+        req_to_token_pool, pool_idx: torch.Tensor, seq_lens: torch.Tensor, max_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot ids int64[n, max_len] with padding -> 0, valid bool[n, max_len])."""
+        table = req_to_token_pool.req_to_token
+        idx = table.index_select(0, pool_idx)[:, :max_len].to(torch.int64)
+        valid = torch.arange(max_len, device=idx.device).unsqueeze(0) < seq_lens.unsqueeze(1)
         return idx.masked_fill(~valid, 0), valid
 
     def _decode_metadata(self, fb: ForwardBatch) -> _DecodeMetadata:
-        max_len = max(fb.seq_lens_cpu)
-        idx, valid = self._kv_indices(fb, max_len)
-        uniform = min(fb.seq_lens_cpu) == max_len
-        return _DecodeMetadata(idx, None if uniform else valid[:, None, None, :])
+        groups = _length_groups(fb.seq_lens_cpu)
+        if len(groups) == 1:
+            return _DecodeMetadata([self._decode_group(fb, None, fb.seq_lens_cpu)])
+        lens = fb.seq_lens_cpu
+        return _DecodeMetadata([self._decode_group(fb, g, [lens[i] for i in g]) for g in groups])
+
+    def _decode_group(
+        self, fb: ForwardBatch, rows: list[int] | None, lens: list[int]
+    ) -> _DecodeGroup:
+        max_len = max(lens)
+        pool_idx, seq_lens = fb.req_pool_indices, fb.seq_lens
+        rows_t = None
+        if rows is not None:
+            rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
+            pool_idx, seq_lens = pool_idx.index_select(0, rows_t), seq_lens.index_select(0, rows_t)
+        idx, valid = self._kv_indices(fb.req_to_token_pool, pool_idx, seq_lens, max_len)
+        mask = None if min(lens) == max_len else valid[:, None, None, :]
+        return _DecodeGroup(rows_t, idx, mask)
 
     def _extend_metadata(self, fb: ForwardBatch) -> _ExtendMetadata | _RaggedExtendMetadata:
         ext, pre = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu
@@ -94,7 +119,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             mask = None if uniform else _causal_mask([0] * bs, ext, max_ext, max_ext, self.device)
             return _ExtendMetadata(bs, max_ext, pad_index, None, mask, uniform)
         max_seq = max(fb.seq_lens_cpu)
-        idx, _ = self._kv_indices(fb, max_seq)
+        idx, _ = self._kv_indices(fb.req_to_token_pool, fb.req_pool_indices, fb.seq_lens, max_seq)
         mask = _causal_mask(pre, ext, max_ext, max_seq, self.device)
         return _ExtendMetadata(bs, max_ext, pad_index, idx, mask, False)
 
@@ -129,15 +154,28 @@ class TorchNativeAttnBackend(AttentionBackend):
             pool.set_kv_buffer(
                 layer.layer_id, forward_batch.out_cache_loc, k.view(bs, hkv, d), v.view(bs, hkv, d)
             )
-        kv = _gather(pool.get_kv_buffer(layer.layer_id), md.kv_indices)  # [bs, S, 2, Hkv, D]
-        keys = kv[:, :, 0].transpose(1, 2)  # [bs, Hkv, S, D]
-        values = kv[:, :, 1].transpose(1, 2)
         # the query heads sharing a KV head become rows: [bs, Hkv, Hq / Hkv, D]
         qg = q.view(bs, hkv, hq // hkv, d)
-        out = F.scaled_dot_product_attention(
-            qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=md.mask, scale=layer.scaling
-        )
+        kv_buffer = pool.get_kv_buffer(layer.layer_id)
+        if len(md.groups) == 1:
+            return self._decode_group_attn(qg, kv_buffer, md.groups[0], layer).reshape(bs, -1)
+        out = q.new_empty(bs, hkv, hq // hkv, d)
+        for group in md.groups:
+            q_rows = qg.index_select(0, group.rows)
+            out.index_copy_(0, group.rows, self._decode_group_attn(q_rows, kv_buffer, group, layer))
         return out.reshape(bs, hq * d)
+
+    @staticmethod
+    def _decode_group_attn(
+        qg: torch.Tensor, kv_buffer: torch.Tensor, group: _DecodeGroup, layer: RadixAttention
+    ) -> torch.Tensor:
+        """qg: [g, Hkv, Hq / Hkv, D] -> same shape."""
+        kv = _gather(kv_buffer, group.kv_indices)  # [g, S, 2, Hkv, D]
+        keys = kv[:, :, 0].transpose(1, 2).to(qg.dtype)  # [g, Hkv, S, D]
+        values = kv[:, :, 1].transpose(1, 2).to(qg.dtype)
+        return F.scaled_dot_product_attention(
+            qg, keys, values, attn_mask=group.mask, scale=layer.scaling
+        )
 
     def forward_extend(
         self,
@@ -213,6 +251,23 @@ class TorchNativeAttnBackend(AttentionBackend):
         """[bs, H, max_ext, D] -> [T, H * D]."""
         flat = out.transpose(1, 2).reshape(md.bs * md.max_extend_len, width)
         return flat if md.pad_index is None else flat.index_select(0, md.pad_index)
+
+
+def _length_groups(seq_lens: list[int]) -> list[list[int]]:
+    """Batch rows grouped by length so padding each group wastes at most _MAX_PAD_WASTE."""
+    order = sorted(range(len(seq_lens)), key=lambda i: -seq_lens[i])
+    groups: list[list[int]] = []
+    total = 0
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * seq_lens[groups[-1][0]] <= _MAX_PAD_WASTE * (
+            total + seq_lens[i]
+        ):
+            groups[-1].append(i)
+            total += seq_lens[i]
+        else:
+            groups.append([i])
+            total = seq_lens[i]
+    return groups
 
 
 def _gather(kv_buffer: torch.Tensor, kv_indices: torch.Tensor) -> torch.Tensor:
