@@ -113,3 +113,21 @@ def test_rope_matches_hf(tmp_path, scaling):
 def test_unsupported_rope_type():
     with pytest.raises(ValueError, match="supported"):
         get_rope(16, 64, 10000.0, {"rope_type": "mystery", "factor": 2.0})
+
+
+def test_sliding_window_caps_the_context(tmp_path):
+    path = _write(
+        tmp_path,
+        {"model_type": "mistral", "sliding_window": 512, "architectures": ["MistralForCausalLM"]},
+    )
+    assert ModelConfig(path).context_len == 512
+    path = _write(
+        tmp_path,
+        {
+            "model_type": "qwen2",
+            "sliding_window": 512,
+            "use_sliding_window": False,
+            "architectures": ["Qwen2ForCausalLM"],
+        },
+    )
+    assert ModelConfig(path).context_len == 1024

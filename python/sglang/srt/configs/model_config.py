@@ -51,7 +51,7 @@ class ModelConfig:
         self._init_shape()
         self._init_rope()
         self.dtype = _resolve_dtype(dtype, self.raw)
-        self.context_len = _context_len(self.raw, context_length)
+        self.context_len = _cap_to_sliding_window(self.raw, _context_len(self.raw, context_length))
         self.eos_token_ids = _eos_token_ids(Path(self.model_path), self.raw)
 
     @classmethod
@@ -160,6 +160,21 @@ def _context_len(raw: dict[str, Any], override: int | None) -> int:
     if override > derived:
         logger.warning("context_length %d exceeds the model's %d", override, derived)
     return int(override)
+
+
+def _cap_to_sliding_window(raw: dict[str, Any], context_len: int) -> int:
+    """Sliding-window attention is not implemented: keep sequences inside the window."""
+    window = raw.get("sliding_window")
+    uses_window = raw.get("use_sliding_window", raw.get("model_type") == "mistral")
+    if not window or not uses_window or context_len <= int(window):
+        return context_len
+    logger.warning(
+        "sliding-window attention is not supported; context length capped from %d to the "
+        "window, %d tokens",
+        context_len,
+        int(window),
+    )
+    return int(window)
 
 
 def _eos_token_ids(model_dir: Path, raw: dict[str, Any]) -> set[int]:
