@@ -23,6 +23,8 @@ class RMSNorm(nn.Module):
         return self._norm(x)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        # computed in float32 and cast back, as HF does
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.variance_epsilon)
+        # computed in float32 and cast back before the weight, as HF does
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.variance_epsilon)
         return self.weight * normed.to(x.dtype)

@@ -30,29 +30,38 @@ class RotaryEmbedding(nn.Module):
         self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
-        """[T, 1, rotary_dim / 2] each; reused by every layer of one forward."""
+        """(cos [T, 1, rot], signed sin [T, 1, rot]); built once per forward, reused by layers.
+
+        With the rotated half first, x * cos + roll(x) * sin_signed is HF's
+        x * cos + rotate_half(x) * sin, op for op.
+        """
         last = self._last
         if last is not None and last[0] is positions:
             return last[1], last[2]
         cos = self.cos_cache.index_select(0, positions).unsqueeze(1).to(dtype)
         sin = self.sin_cache.index_select(0, positions).unsqueeze(1).to(dtype)
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
         self._last = (positions, cos, sin)
         return cos, sin
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions: int64[T]; q: [T, Hq * D]; k: [T, Hkv * D] -> rotated (q, k)."""
         cos, sin = self._cos_sin(positions, q.dtype)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        return self._rotate(q, cos, sin).view(q.shape), self._rotate(k, cos, sin).view(k.shape)
+
+    def rotate_heads(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, H * D] (any heads, e.g. q and k side by side) -> rotated [T, H, D]."""
+        cos, sin = self._cos_sin(positions, x.dtype)
+        return self._rotate(x, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.view(shape[0], -1, self.head_dim)  # [T, H, D]
-        half = self.rotary_dim // 2
-        x1, x2 = x[..., :half], x[..., half : self.rotary_dim]
-        rotated = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
-        if self.rotary_dim < self.head_dim:
-            rotated.append(x[..., self.rotary_dim :])
-        return torch.cat(rotated, dim=-1).view(shape)
+        x = x.view(x.shape[0], -1, self.head_dim)  # [T, H, D]
+        rot = self.rotary_dim
+        if rot == self.head_dim:
+            return x * cos + torch.roll(x, rot // 2, dims=-1) * sin
+        part = x[..., :rot]
+        rotated = part * cos + torch.roll(part, rot // 2, dims=-1) * sin
+        return torch.cat((rotated, x[..., rot:]), dim=-1)
 
 
 def _base_inv_freq(dim: int, base: float) -> torch.Tensor:

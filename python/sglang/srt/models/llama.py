@@ -78,10 +78,14 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         """hidden_states: [T, H] -> [T, H]."""
         qkv = self.qkv_proj(hidden_states)  # [T, (Hq + 2 Hkv) * D]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        t, qk_size = qkv.shape[0], self.q_size + self.kv_size
         if self.qk_norm:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q, k = self._norm_heads(q, self.q_norm), self._norm_heads(k, self.k_norm)
-        q, k = self.rotary_emb(positions, q, k)
+            q, k = self.rotary_emb(positions, q, k)
+        else:  # q and k rotated together: [T, Hq + Hkv, D]
+            qk = self.rotary_emb.rotate_heads(positions, qkv[:, :qk_size]).view(t, qk_size)
+            q, k, v = qk[:, : self.q_size], qk[:, self.q_size :], qkv[:, qk_size:]
         return self.o_proj(self.attn(q, k, v, forward_batch))
 
     def _norm_heads(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
