@@ -165,3 +165,10 @@ def test_server_info_flush_cache_and_weight_update(engine, tiny_llama_dir):
     assert engine.get_server_info()["internal_states"][0]["model_path"] == str(tiny_llama_dir)
     bad, message = engine.update_weights_from_disk("/nonexistent/model")
     assert not bad and message
+
+
+def test_max_new_tokens_zero_scores_the_prompt(engine):
+    out = engine.generate(PROMPT, greedy(0), return_logprob=True, logprob_start_len=0)
+    assert out["output_ids"] == [] and out["meta_info"]["completion_tokens"] == 0
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(out["meta_info"]["input_token_logprobs"]) == out["meta_info"]["prompt_tokens"]

@@ -64,7 +64,8 @@ class Req:
         self.top_logprobs_num = top_logprobs_num
         self.logprob_start_len = logprob_start_len
         self.stream = stream
-        self.max_new_tokens = sampling_params.max_new_tokens or CLIP_MAX_NEW_TOKENS
+        max_new = sampling_params.max_new_tokens
+        self.max_new_tokens = CLIP_MAX_NEW_TOKENS if max_new is None else max_new
         self.finished_reason: dict[str, Any] | None = None
         # memory (see the region table above)
         self.req_pool_idx: int | None = None
