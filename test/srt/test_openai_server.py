@@ -209,3 +209,34 @@ def test_models_health_info_metrics(server, client):
                  "time_to_first_token_seconds_count", "e2e_request_latency_seconds_count",
                  "num_running_reqs", "token_usage", "cache_hit_rate"):  # fmt: skip
         assert f"sglang:{name}" in metrics
+
+
+def _wait_idle(server, timeout_s: float = 20) -> int:
+    deadline = time.time() + timeout_s
+    while _running(server) and time.time() < deadline:
+        time.sleep(0.2)
+    return _running(server)
+
+
+def test_disconnect_while_waiting_non_stream_frees_request(server):
+    body = {"model": "tiny", "prompt": "Once", "max_tokens": 3000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base_url + "/v1/completions", json=body, timeout=2)
+    assert _wait_idle(server) == 0
+
+
+def test_abort_request_finishes_with_abort(server):
+    body = {"text": "Once", "rid": "to-abort",
+            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}  # fmt: skip
+
+    async def run() -> dict:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+            pending = asyncio.create_task(http.post("/generate", json=body))
+            while _running(server) == 0:
+                await asyncio.sleep(0.1)
+            await http.post("/abort_request", json={"rid": "to-abort"})
+            return (await pending).json()
+
+    out = asyncio.run(run())
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert _wait_idle(server) == 0
