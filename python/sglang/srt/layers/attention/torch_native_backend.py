@@ -83,7 +83,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot ids int64[n, max_len] with padding -> 0, valid bool[n, max_len])."""
         table = req_to_token_pool.req_to_token
-        idx = table.index_select(0, pool_idx)[:, :max_len].to(torch.int64)
+        idx = table[:, :max_len].index_select(0, pool_idx).to(torch.int64)
         valid = torch.arange(max_len, device=idx.device).unsqueeze(0) < seq_lens.unsqueeze(1)
         return idx.masked_fill(~valid, 0), valid
 
