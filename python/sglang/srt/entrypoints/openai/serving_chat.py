@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout
@@ -35,9 +35,17 @@ from sglang.srt.entrypoints.openai.usage import finish_reason_of, usage_of
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.parser.chat_template import ChatTemplateError, render_chat
 
+if TYPE_CHECKING:
+    from sglang.srt.observability.metrics import ServerMetrics
+
 
 class OpenAIServingChat(OpenAIServingBase):
-    def __init__(self, tokenizer_manager: Any, metrics=None, chat_template: str | None = None):
+    def __init__(
+        self,
+        tokenizer_manager: Any,
+        metrics: ServerMetrics | None = None,
+        chat_template: str | None = None,
+    ) -> None:
         super().__init__(tokenizer_manager, metrics)
         self.chat_template = chat_template
 
@@ -81,7 +89,9 @@ class OpenAIServingChat(OpenAIServingBase):
         return asked if asked is not None else context_len - prompt_len
 
     @staticmethod
-    def _generate_input(request, input_ids, params, rid) -> GenerateReqInput:
+    def _generate_input(
+        request: ChatCompletionRequest, input_ids: list[int], params: dict[str, Any], rid: str
+    ) -> GenerateReqInput:
         return GenerateReqInput(
             input_ids=list(input_ids),
             sampling_params=params,
@@ -103,7 +113,9 @@ class OpenAIServingChat(OpenAIServingBase):
             usage=usage_of([out["meta_info"] for out in outputs], prepared.n),
         )
 
-    def _choice(self, request, index: int, output: dict[str, Any]) -> ChatCompletionChoice:
+    def _choice(
+        self, request: ChatCompletionRequest, index: int, output: dict[str, Any]
+    ) -> ChatCompletionChoice:
         meta = output["meta_info"]
         finish_reason, matched = finish_reason_of(meta)
         return ChatCompletionChoice(
@@ -114,7 +126,9 @@ class OpenAIServingChat(OpenAIServingBase):
             matched_stop=matched,
         )
 
-    def _logprobs(self, request, meta: dict[str, Any], start: int) -> ChatLogProbs | None:
+    def _logprobs(
+        self, request: ChatCompletionRequest, meta: dict[str, Any], start: int
+    ) -> ChatLogProbs | None:
         if not request.logprobs:
             return None
         tokens, tops = output_slices(meta, start)
@@ -142,7 +156,14 @@ class OpenAIServingChat(OpenAIServingBase):
                 id=prepared.request_id, model=request.model, choices=[], usage=usage
             )
 
-    def _delta_chunks(self, request, prepared, index, state: ChoiceStream, output):
+    def _delta_chunks(
+        self,
+        request: ChatCompletionRequest,
+        prepared: Prepared,
+        index: int,
+        state: ChoiceStream,
+        output: dict[str, Any],
+    ) -> Iterator[ChatCompletionStreamResponse]:
         meta = output["meta_info"]
         delta = state.take_text(output["text"])
         logprobs = self._logprobs(request, meta, state.take_logprob_start(meta))
@@ -156,7 +177,13 @@ class OpenAIServingChat(OpenAIServingBase):
             yield chunk
 
     @staticmethod
-    def _chunk(prepared, request, index, delta, logprobs=None) -> ChatCompletionStreamResponse:
+    def _chunk(
+        prepared: Prepared,
+        request: ChatCompletionRequest,
+        index: int,
+        delta: DeltaMessage,
+        logprobs: ChatLogProbs | None = None,
+    ) -> ChatCompletionStreamResponse:
         choice = ChatCompletionStreamChoice(index=index, delta=delta, logprobs=logprobs)
         return ChatCompletionStreamResponse(
             id=prepared.request_id, model=request.model, choices=[choice]

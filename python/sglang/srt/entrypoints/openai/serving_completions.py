@@ -98,7 +98,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
         return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
 
     @staticmethod
-    def _generate_input(request, prompt: Prompt, params, rid) -> GenerateReqInput:
+    def _generate_input(
+        request: CompletionRequest, prompt: Prompt, params: dict[str, Any], rid: str
+    ) -> GenerateReqInput:
         want_logprobs = request.logprobs is not None
         return GenerateReqInput(
             text=prompt if isinstance(prompt, str) else None,
@@ -126,7 +128,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
     def _echo(self, prepared: Prepared, index: int) -> str:
         return prepared.echo_texts[index // prepared.n] if prepared.echo_texts else ""
 
-    def _choice(self, request, prepared, index: int, output: dict[str, Any]) -> CompletionChoice:
+    def _choice(
+        self, request: CompletionRequest, prepared: Prepared, index: int, output: dict[str, Any]
+    ) -> CompletionChoice:
         meta = output["meta_info"]
         echo = self._echo(prepared, index)
         finish_reason, matched = finish_reason_of(meta)
@@ -143,12 +147,16 @@ class OpenAIServingCompletion(OpenAIServingBase):
             matched_stop=matched,
         )
 
-    def _logprobs(self, request, tokens, tops, text_offset: int) -> CompletionLogProbs:
+    def _logprobs(
+        self, request: CompletionRequest, tokens: list, tops: list | None, text_offset: int
+    ) -> CompletionLogProbs:
         return completion_logprobs(
             tokens, tops if request.logprobs else None, self.tokenizer, text_offset
         )
 
-    def _prompt_logprobs(self, request, meta: dict[str, Any]) -> CompletionLogProbs:
+    def _prompt_logprobs(
+        self, request: CompletionRequest, meta: dict[str, Any]
+    ) -> CompletionLogProbs:
         if not request.echo:
             return CompletionLogProbs()
         tokens = meta.get("input_token_logprobs") or []
@@ -173,7 +181,14 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 id=prepared.request_id, model=request.model, choices=[], usage=usage
             )
 
-    def _delta_chunk(self, request, prepared, index, state: ChoiceStream, output):
+    def _delta_chunk(
+        self,
+        request: CompletionRequest,
+        prepared: Prepared,
+        index: int,
+        state: ChoiceStream,
+        output: dict[str, Any],
+    ) -> CompletionStreamResponse | None:
         meta = output["meta_info"]
         echo = "" if state.started else self._echo(prepared, index)
         logprobs = self._stream_logprobs(request, meta, state, len(echo))
@@ -190,7 +205,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
             id=prepared.request_id, model=request.model, choices=[choice]
         )
 
-    def _stream_logprobs(self, request, meta, state: ChoiceStream, echo_len: int):
+    def _stream_logprobs(
+        self, request: CompletionRequest, meta: dict[str, Any], state: ChoiceStream, echo_len: int
+    ) -> CompletionLogProbs | None:
         if request.logprobs is None:
             return None
         logprobs = (

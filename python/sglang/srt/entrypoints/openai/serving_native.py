@@ -9,7 +9,7 @@ several) and ends with `data: [DONE]`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -25,6 +25,9 @@ from sglang.srt.entrypoints.openai.serving_base import (
     open_stream,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
+
+if TYPE_CHECKING:
+    from sglang.srt.observability.metrics import ServerMetrics
 
 
 class GenerateRequest(BaseModel):
@@ -80,7 +83,9 @@ def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
             for k, rid in enumerate(rids)]  # fmt: skip
 
 
-def _one_input(request: GenerateRequest, prompt, params, rid: str) -> GenerateReqInput:
+def _one_input(
+    request: GenerateRequest, prompt: str | list[int], params: dict[str, Any], rid: str
+) -> GenerateReqInput:
     return GenerateReqInput(
         text=prompt if isinstance(prompt, str) else None,
         input_ids=None if isinstance(prompt, str) else prompt,
@@ -95,7 +100,7 @@ def _one_input(request: GenerateRequest, prompt, params, rid: str) -> GenerateRe
 
 
 class NativeServing:
-    def __init__(self, tokenizer_manager: Any, metrics=None) -> None:
+    def __init__(self, tokenizer_manager: Any, metrics: ServerMetrics | None = None) -> None:
         self.tokenizer_manager = tokenizer_manager
         self.metrics = metrics
 
