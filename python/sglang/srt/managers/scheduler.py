@@ -10,6 +10,8 @@ admission (prefill batches), memory (alloc/release/retract), results
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from typing import Any
 
@@ -53,7 +55,12 @@ class Scheduler(
         self._init_state()
 
     def _init_config(self) -> None:
-        from sglang.srt.runtime_context import get_exec, get_memory, get_schedule
+        from sglang.srt.runtime_context import (
+            get_exec,
+            get_memory,
+            get_observability,
+            get_schedule,
+        )
 
         sched, mem = get_schedule(), get_memory()
         self.policy = SchedulePolicy(sched.schedule_policy, seed=get_exec().random_seed or 0)
@@ -65,6 +72,7 @@ class Scheduler(
         self.page_size = mem.page_size
         self.disable_radix_cache = mem.disable_radix_cache
         self._configured_max_running = sched.max_running_requests
+        self.watchdog_timeout = get_observability().watchdog_timeout
 
     def _init_memory(self) -> None:
         runner = self.tp_worker.model_runner
@@ -94,6 +102,7 @@ class Scheduler(
         self._tput_tokens, self._tput_t0 = 0, time.perf_counter()
         self._checked_idle = True
         self.integrity_error: str | None = None
+        self._forward_started_at: float | None = None
         self.num_retracted_reqs = 0
 
     def ready_info(self) -> dict[str, Any]:
@@ -107,6 +116,8 @@ class Scheduler(
     # ------------------------------------------------------------------ the loop
 
     def event_loop(self) -> None:
+        if self.watchdog_timeout and self.watchdog_timeout > 0:
+            self._start_forward_watchdog(self.watchdog_timeout)
         while True:
             self.step(block=self.is_idle())
 
@@ -115,12 +126,28 @@ class Scheduler(
         self.process_input_requests(self.recv_requests(block))
         batch = self.get_next_batch_to_run()
         if batch is not None:
+            self._forward_started_at = time.monotonic()
             result = self.run_batch(batch)
+            self._forward_started_at = None
             self.process_batch_result(batch, result)
             self._checked_idle = False
         self.emit_outputs()
         if batch is None and self.is_idle() and not self._checked_idle:
             self._check_idle_integrity()
+
+    def _start_forward_watchdog(self, timeout_s: float) -> None:
+        """Exit when one forward runs past timeout_s: the launcher then fails requests."""
+
+        def watch() -> None:
+            while True:
+                time.sleep(min(timeout_s / 4, 5.0))
+                started = self._forward_started_at
+                if started is not None and time.monotonic() - started > timeout_s:
+                    logger.error("a forward pass ran past watchdog_timeout=%.0f s; exiting",
+                                 timeout_s)
+                    os._exit(1)
+
+        threading.Thread(target=watch, name="scheduler-watchdog", daemon=True).start()
 
     def _check_idle_integrity(self) -> None:
         """Runs once each time the scheduler goes idle; a failure is logged and reported."""

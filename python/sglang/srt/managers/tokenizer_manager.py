@@ -101,6 +101,9 @@ class TokenizerManager:
         self.context_len = int(ready_info.get("context_len", self.model_config.context_len))
         self.max_req_input_len = int(ready_info.get("max_req_input_len", self.context_len - 1))
         self.ready_info = dict(ready_info)
+        from sglang.srt.runtime_context import get_observability
+
+        self.log_requests = bool(get_observability().log_requests)
         self._base_config = dict(self.server_args.resolved_dict())
 
     def _init_ipc(self) -> None:
@@ -183,10 +186,19 @@ class TokenizerManager:
             if state.error is not None:
                 raise RuntimeError(state.error)
             if state.finished_reason is not None:
+                if self.log_requests:
+                    self._log_finished(state)
                 yield self._make_output(state)
                 return
             if state.obj.stream:
                 yield self._make_output(state)
+
+    def _log_finished(self, state: ReqState) -> None:
+        obj = state.obj
+        prompt = obj.text if obj.text is not None else obj.input_ids
+        logger.info("request %s: prompt=%.200r output=%.200r prompt_tokens=%d "
+                    "completion_tokens=%d finish=%s", obj.rid, prompt, state.text,
+                    state.prompt_tokens, state.completion_tokens, state.finished_reason)
 
     def _tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
         from sglang.srt.sampling.sampling_params import SamplingParams

@@ -101,7 +101,11 @@ class SchedulerResultsMixin:
                 return
 
     def _maybe_stream(self, req: Req) -> None:
-        if req.stream and len(req.output_ids) - req.send_offset >= self.stream_interval:
+        # The first token goes out at once (time to first token); then every
+        # stream_interval tokens.
+        if not req.stream:
+            return
+        if req.send_offset == 0 or len(req.output_ids) - req.send_offset >= self.stream_interval:
             self.pending_outputs.append(req)
 
     # ------------------------------------------------------------------ logprobs
