@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import openai
@@ -358,3 +359,14 @@ def test_runtime_failure_mid_stream_is_an_sse_error(client, tm):
     assert events[-1]["error"]["type"] == "service_unavailable_error"
     tm.fail_after_tokens = None
     assert client.post("/v1/chat/completions", json=chat_body(max_tokens=1)).status_code == 200
+
+
+def test_health_503_when_scheduler_does_not_answer(client, tm, monkeypatch):
+    import sglang.srt.entrypoints.http_server as http_server
+
+    async def hang():
+        await asyncio.sleep(10)
+
+    monkeypatch.setattr(http_server, "HEALTH_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(tm, "get_internal_state", hang)
+    assert client.get("/health").status_code == 503

@@ -44,6 +44,7 @@ from sglang.srt.parser.chat_template import load_chat_template
 logger = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health"})  # served without the API key
+HEALTH_TIMEOUT_S = 10.0
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 GRACEFUL_SHUTDOWN_S = 10.0  # in-flight requests get this long before they are aborted
 WATCH_INTERVAL_S = 1.0
@@ -155,9 +156,21 @@ async def retrieve_model(model_id: str, raw_request: Request) -> ModelCard:
 
 @router.get("/health")
 async def health(raw_request: Request) -> Response:
+    """200 when ready, every child alive, and the scheduler answers between its steps."""
     state = server_state(raw_request)
-    status_code = 200 if state.is_healthy() else 503
+    healthy = state.is_healthy() and await _scheduler_answers(state.tokenizer_manager)
+    status_code = 200 if healthy else 503
     return JSONResponse({"status": state.status.value}, status_code=status_code)
+
+
+async def _scheduler_answers(tokenizer_manager: Any) -> bool:
+    """A hung scheduler loop (alive, but stuck) fails this; a busy one answers within a step."""
+    try:
+        await asyncio.wait_for(tokenizer_manager.get_internal_state(), HEALTH_TIMEOUT_S)
+    except Exception as exc:  # timeout, or the runtime died meanwhile
+        logger.warning("health check: scheduler did not answer (%r)", exc)
+        return False
+    return True
 
 
 async def generate_one_token(tokenizer_manager: Any, timeout_s: float) -> None:
