@@ -18,7 +18,7 @@ import asyncio
 import enum
 import hmac
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -70,7 +70,6 @@ class ServerState:
     metrics: ServerMetrics | None = None
     status: ServerStatus = ServerStatus.STARTING
     exit_code: int = 0
-    background: set[asyncio.Task] = field(default_factory=set)
 
     def is_healthy(self) -> bool:
         return self.status is ServerStatus.READY and self.tokenizer_manager.is_alive()
