@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,7 +13,7 @@ import openai
 import psutil
 import pytest
 import requests
-from http_server_fixture import start_server
+from http_server_fixture import SMALL_SERVER_FLAGS, free_port, start_server
 
 from sglang.test.make_tiny_model import make_tiny_model
 
@@ -154,3 +156,22 @@ def test_dead_scheduler_makes_health_503_and_exits(tiny_llama_dir, tmp_path):
         assert srv.proc.wait(timeout=30) != 0
     finally:
         srv.stop(signal.SIGKILL)
+
+
+def test_sigterm_during_startup_exits_zero(tiny_llama_dir, tmp_path):
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_llama_dir),
+           "--port", str(free_port()), *SMALL_SERVER_FLAGS]  # fmt: skip
+    with open(tmp_path / "server.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    try:
+        time.sleep(4)  # the runtime's children are starting
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        deadline = time.time() + 10
+        while _group_alive(proc.pid) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _group_alive(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

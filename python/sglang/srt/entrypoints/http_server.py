@@ -15,9 +15,12 @@ Server status (what `/health` answers):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import hmac
 import logging
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -415,11 +418,29 @@ def _apply_log_level() -> None:
     logging.getLogger().setLevel(get_observability().log_level.upper())
 
 
+@contextlib.contextmanager
+def _signals_exit_cleanly() -> Iterator[None]:
+    """While the runtime starts, SIGTERM/SIGINT unwind (the launcher stops the children
+    it started) and the process exits 0; uvicorn takes the signals over once serving."""
+
+    def stop(signum: int, frame: Any) -> None:
+        logger.info("signal %d received during startup: stopping", signum)
+        raise SystemExit(0)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def launch_server(server_args: Any) -> int:
     """Start the runtime, serve HTTP until told to stop, stop the children; the exit code."""
     from sglang.srt.entrypoints.engine import _launch_subprocesses
 
-    tokenizer_manager, children = _launch_subprocesses(server_args)
+    with _signals_exit_cleanly():
+        tokenizer_manager, children = _launch_subprocesses(server_args)
     _apply_log_level()
     try:
         app = create_app(tokenizer_manager)
