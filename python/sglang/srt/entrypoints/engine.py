@@ -151,24 +151,33 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
     """
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
     from sglang.srt.managers.scheduler import run_scheduler_process
+    from sglang.srt.server_args import resolution_result
 
     server_args.resolve_once()
     _check_supported(server_args)
-    port_args = PortArgs.init_new()
+    tp_size = int(resolution_result(server_args, "tp_size"))
+    port_args = PortArgs.init_new(resolution_result(server_args, "dist_init_addr"))
     children = ChildProcesses(port_args)
     ctx = mp.get_context("spawn")
     try:
-        sched, sched_reader = _spawn(
-            ctx, "scheduler", run_scheduler_process, (server_args, port_args, 0)
-        )
-        children.procs.append(("scheduler", sched))
+        readers = []
+        for tp_rank in range(tp_size):
+            role = "scheduler" if tp_size == 1 else f"scheduler (tp rank {tp_rank})"
+            proc, reader = _spawn(
+                ctx, role, run_scheduler_process, (server_args, port_args, tp_rank)
+            )
+            children.procs.append((role, proc))
+            readers.append((role, proc, reader))
         detok, detok_reader = _spawn(
             ctx, "detokenizer", run_detokenizer_process, (server_args, port_args)
         )
         children.procs.append(("detokenizer", detok))
-        info = _wait_ready("scheduler", sched, sched_reader, CHILD_READY_TIMEOUT_S)
-        _wait_ready("detokenizer", detok, detok_reader, CHILD_READY_TIMEOUT_S)
-        tokenizer_manager = TokenizerManager(server_args, port_args, ready_info=info)
+        readers.append(("detokenizer", detok, detok_reader))
+        infos = [
+            _wait_ready(role, proc, reader, CHILD_READY_TIMEOUT_S)
+            for role, proc, reader in readers
+        ]
+        tokenizer_manager = TokenizerManager(server_args, port_args, ready_info=infos[0])
     except BaseException:
         children.shutdown()
         raise
@@ -180,7 +189,7 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
 def _check_supported(server_args: Any) -> None:
     from sglang.srt.server_args import resolution_result
 
-    for name in ("tp_size", "dp_size", "pp_size"):
+    for name in ("dp_size", "pp_size", "nnodes"):
         if resolution_result(server_args, name) != 1:
             raise NotImplementedError(f"{name} > 1 is not supported by this runtime yet")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import socket
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -29,15 +30,19 @@ class PortArgs:
     tokenizer_ipc_name: str
     scheduler_input_ipc_name: str
     detokenizer_ipc_name: str
+    # torch.distributed rendezvous of the TP ranks (unused with tp_size 1)
+    dist_init_method: str = ""
 
     @staticmethod
-    def init_new() -> PortArgs:
+    def init_new(dist_init_addr: str | None = None) -> PortArgs:
         tag = f"sglang-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         base = os.path.join(tempfile.gettempdir(), tag)
+        addr = dist_init_addr or f"127.0.0.1:{free_tcp_port()}"
         return PortArgs(
             tokenizer_ipc_name=f"ipc://{base}-tok",
             scheduler_input_ipc_name=f"ipc://{base}-sched",
             detokenizer_ipc_name=f"ipc://{base}-detok",
+            dist_init_method=f"tcp://{addr}",
         )
 
     def ipc_paths(self) -> list[str]:
@@ -50,6 +55,12 @@ class PortArgs:
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def encode(obj: Any) -> bytes:

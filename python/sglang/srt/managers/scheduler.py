@@ -23,6 +23,11 @@ from sglang.srt.managers.scheduler_parts.admission import SchedulerAdmissionMixi
 from sglang.srt.managers.scheduler_parts.memory import SchedulerMemoryMixin
 from sglang.srt.managers.scheduler_parts.requests import SchedulerRequestsMixin
 from sglang.srt.managers.scheduler_parts.results import SchedulerResultsMixin
+from sglang.srt.managers.scheduler_parts.tensor_parallel import (
+    NullEndpoint,
+    TpSync,
+    init_tensor_parallel,
+)
 from sglang.srt.mem_cache.chunk_cache import ChunkCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
@@ -45,8 +50,10 @@ class Scheduler(
     SchedulerRequestsMixin,
 ):
     def __init__(self, tp_worker: Any, model_config: Any, tokenizer: Any,
-                 recv_from_tokenizer: Any, send_to_detokenizer: Any, send_to_tokenizer: Any):
+                 recv_from_tokenizer: Any, send_to_detokenizer: Any, send_to_tokenizer: Any,
+                 tp_sync: TpSync | None = None):
         self.tp_worker, self.model_config, self.tokenizer = tp_worker, model_config, tokenizer
+        self.tp_sync = tp_sync or TpSync(1)
         self.recv_from_tokenizer = recv_from_tokenizer
         self.send_to_detokenizer = send_to_detokenizer
         self.send_to_tokenizer = send_to_tokenizer
@@ -83,6 +90,7 @@ class Scheduler(
         if self._configured_max_running:
             limits.append(self._configured_max_running)
         self.max_running_requests = min(limits)
+        self._agree_across_ranks()
         self.device = getattr(runner, "device", "cpu")
         self.context_len = self.model_config.context_len
         self.eos_token_ids = set(self.model_config.eos_token_ids or ())
@@ -91,6 +99,36 @@ class Scheduler(
             self.tree_cache = ChunkCache(self.req_to_token_pool, self.allocator)
         else:
             self.tree_cache = RadixCache(self.req_to_token_pool, self.allocator, self.page_size)
+
+    def _agree_across_ranks(self) -> None:
+        """TP ranks must see identical pools: hold back what exceeds the smallest rank's."""
+        self._reserved_slots: Any = None
+        self._reserved_rows: list[int] = []
+        if self.tp_sync.tp_size == 1:
+            return
+        figures = [self.max_total_num_tokens, self.allocator.available_size(),
+                   self.req_to_token_pool.available_size(), self.max_running_requests]
+        total, self._agreed_free_kv, self._agreed_rows, running = self.tp_sync.agree_min(figures)
+        self.max_total_num_tokens, self.max_running_requests = total, running
+        self.reserve_excess()
+
+    def reserve_excess(self) -> None:
+        """Allocate (and never free) this rank's slots and rows beyond the agreed figures."""
+        if self.tp_sync.tp_size == 1:
+            return
+        # After a pool clear() the old reservation is free again: take it anew.
+        excess = self.allocator.available_size() - self._agreed_free_kv
+        if excess > 0:
+            self._reserved_slots = self.allocator.alloc(excess)
+        rows = self.req_to_token_pool.available_size() - self._agreed_rows
+        if rows > 0:
+            self._reserved_rows = self.req_to_token_pool.alloc(rows)
+
+    def reserved_figures(self) -> tuple[int, int]:
+        """(KV slots, request rows) held back by reserve_excess."""
+        slots = self._reserved_slots
+        num_slots = 0 if slots is None else -(-int(slots.numel()) // self.page_size) * self.page_size
+        return num_slots, len(self._reserved_rows)
 
     def _init_state(self) -> None:
         self.waiting_queue: list[Req] = []
@@ -160,6 +198,10 @@ class Scheduler(
             logger.error("KV memory integrity check failed while idle: %s", exc)
 
     def recv_requests(self, block: bool) -> list[Any]:
+        msgs = self._recv_local(block) if self.tp_sync.is_first_rank else []
+        return self.tp_sync.share_inputs(msgs)
+
+    def _recv_local(self, block: bool) -> list[Any]:
         if block:
             first = self.recv_from_tokenizer.recv(timeout_ms=IDLE_POLL_MS)
             if first is None:
@@ -262,16 +304,21 @@ def _build(port_args: Any, tp_rank: int):
     from sglang.srt.managers.ipc import PullEndpoint, PushEndpoint
     from sglang.srt.managers.tokenizer_manager import load_tokenizer
     from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.runtime_context import get_device, get_parallel
 
+    tp_size = get_parallel().tp_size
+    init_tensor_parallel(tp_size, tp_rank, port_args.dist_init_method, str(get_device().device))
     model_config = ModelConfig.from_server_args()
     tp_worker = TpModelWorker(model_config, tp_rank=tp_rank)
-    ctx = zmq.Context(2)
-    scheduler = Scheduler(
-        tp_worker,
-        model_config,
-        load_tokenizer(),
-        PullEndpoint(ctx, port_args.scheduler_input_ipc_name),
-        PushEndpoint(ctx, port_args.detokenizer_ipc_name),
-        PushEndpoint(ctx, port_args.tokenizer_ipc_name),
-    )
+    if tp_rank == 0:
+        ctx = zmq.Context(2)
+        endpoints = (
+            PullEndpoint(ctx, port_args.scheduler_input_ipc_name),
+            PushEndpoint(ctx, port_args.detokenizer_ipc_name),
+            PushEndpoint(ctx, port_args.tokenizer_ipc_name),
+        )
+    else:
+        endpoints = (NullEndpoint(), NullEndpoint(), NullEndpoint())
+    scheduler = Scheduler(tp_worker, model_config, load_tokenizer(), *endpoints,
+                          tp_sync=TpSync(tp_size))
     return scheduler.ready_info(), scheduler.event_loop

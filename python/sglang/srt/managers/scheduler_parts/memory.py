@@ -118,9 +118,8 @@ class SchedulerMemoryMixin:
         cached = self.tree_cache.total_size()
         if self.page_size > 1:
             cached = -(-cached // self.page_size) * self.page_size
-        self.allocator.check_integrity(num_in_use=0, num_cached=cached)
-        free_rows = self.req_to_token_pool.available_size()
-        if free_rows != self.req_to_token_pool.size:
-            raise AssertionError(
-                f"request slot leak: {self.req_to_token_pool.size - free_rows} rows held while idle"
-            )
+        reserved_slots, reserved_rows = self.reserved_figures()
+        self.allocator.check_integrity(num_in_use=reserved_slots, num_cached=cached)
+        held = self.req_to_token_pool.size - self.req_to_token_pool.available_size()
+        if held != reserved_rows:
+            raise AssertionError(f"request slot leak: {held - reserved_rows} rows held while idle")

@@ -106,6 +106,7 @@ class SchedulerRequestsMixin:
             self.tree_cache.reset()
             self.allocator.clear()
             self.req_to_token_pool.clear()
+            self.reserve_excess()
             self.cache_hits = self.cache_queries = 0
             out = FlushCacheReqOutput(True, "Cache flushed.")
         self.send_to_tokenizer.send(out)
@@ -134,7 +135,7 @@ class SchedulerRequestsMixin:
             "available_kv_tokens": self.allocator.available_size(),
             "cached_kv_tokens": self.tree_cache.total_size(),
             "free_req_slots": self.req_to_token_pool.available_size(),
-            "total_req_slots": self.req_to_token_pool.size,
+            "total_req_slots": self.req_to_token_pool.size - self.reserved_figures()[1],
             "cache_hit_rate": round(self.cache_hits / max(self.cache_queries, 1), 4),
             "num_retracted_reqs": self.num_retracted_reqs,
             "memory_integrity": "ok" if self.integrity_error is None else self.integrity_error,
@@ -156,6 +157,7 @@ class SchedulerRequestsMixin:
             get_context().override("update_weights_from_disk", **fields)
             self.tree_cache.reset()
             self.allocator.clear()
+            self.reserve_excess()
         self.send_to_tokenizer.send(
             UpdateWeightFromDiskReqOutput(ok, text, msg.model_path, msg.load_format)
         )

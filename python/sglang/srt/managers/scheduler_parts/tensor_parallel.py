@@ -1,0 +1,74 @@
+"""Tensor parallelism for the scheduler: every TP rank runs the same scheduler.
+
+Rank 0 alone talks ZMQ. Each step it broadcasts the messages it received to the
+other ranks, so every rank makes identical scheduling decisions over identical
+state and runs the same batch (the model all-reduces inside the forward). Only
+rank 0 sends outputs. Pool sizes are agreed (minimum over ranks) at start.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class NullEndpoint:
+    """Stands in for rank 0's sockets on the other ranks."""
+
+    def send(self, obj: Any) -> None:
+        pass
+
+    def recv(self, timeout_ms: int | None = None) -> None:
+        return None
+
+    def recv_all_nowait(self) -> list[Any]:
+        return []
+
+
+def init_tensor_parallel(tp_size: int, tp_rank: int, init_method: str, device: str) -> None:
+    """Join the TP process group (no-op for tp_size 1)."""
+    if tp_size == 1:
+        return
+    from sglang.srt.distributed.parallel_state import (
+        default_backend,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    init_distributed_environment(
+        world_size=tp_size, rank=tp_rank, distributed_init_method=init_method,
+        local_rank=tp_rank, backend=default_backend(device),
+    )
+    initialize_model_parallel(tp_size)
+
+
+class TpSync:
+    """The collectives the scheduler needs across TP ranks (identity for tp_size 1)."""
+
+    def __init__(self, tp_size: int) -> None:
+        self.tp_size = tp_size
+        self.group = None
+        if tp_size > 1:
+            from sglang.srt.distributed.parallel_state import get_tp_group
+
+            self.group = get_tp_group()
+
+    @property
+    def is_first_rank(self) -> bool:
+        return self.group is None or self.group.is_first_rank
+
+    def share_inputs(self, msgs: list[Any]) -> list[Any]:
+        """Rank 0's received messages, on every rank."""
+        if self.group is None:
+            return msgs
+        return self.group.broadcast_object(msgs if self.is_first_rank else None)
+
+    def agree_min(self, values: list[int]) -> list[int]:
+        """Element-wise minimum over ranks."""
+        if self.group is None:
+            return values
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group.cpu_group)
+        return tensor.tolist()
