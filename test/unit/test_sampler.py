@@ -141,3 +141,30 @@ def test_normalize():
     p = SamplingParams(stop="END", stop_token_ids=[3, 3])
     p.normalize(None)
     assert p.stop_strs == ["END"] and p.stop_token_ids == {3}
+
+
+def test_draws_follow_the_distribution():
+    rows = 4000
+    logits = torch.full((rows, VOCAB), float("-inf"))
+    logits[:, 3] = torch.log(torch.tensor(0.75))
+    logits[:, 5] = torch.log(torch.tensor(0.25))
+    ids = Sampler()(logits, _info([SamplingParams()] * rows)).next_token_ids
+    assert set(ids.tolist()) == {3, 5}
+    assert abs((ids == 3).float().mean().item() - 0.75) < 0.04
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    probs = torch.tensor([0.5, 0.3, 0.2] + [0.0] * (VOCAB - 3))
+    logits = torch.log(probs).expand(500, VOCAB).clone()
+    ids = Sampler()(logits, _info([SamplingParams(top_p=0.7)] * 500)).next_token_ids
+    assert set(ids.tolist()) == {0, 1}
+
+
+def test_top_p_on_a_flat_distribution_falls_back_to_a_full_sort(monkeypatch):
+    from sglang.srt.layers import sampler
+
+    monkeypatch.setattr(sampler, "_TOP_CANDIDATES", 4)  # fewer than top-p needs
+    logits = torch.zeros(200, VOCAB)
+    logits[:, 0] = 1.0
+    ids = Sampler()(logits, _info([SamplingParams(top_p=0.5)] * 200)).next_token_ids
+    assert len(set(ids.tolist())) > 4  # more tokens than the candidate set

@@ -17,6 +17,7 @@ from sglang.srt.sampling.penalties import apply_penalties
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 _SEED_MIX = 1_000_003  # step multiplier so (seed, step) pairs map to distinct seeds
+_TOP_CANDIDATES = 1024  # tokens considered by top-k / top-p / min-p before a full sort
 
 
 @dataclass
@@ -66,43 +67,67 @@ def _sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     greedy_ids = torch.argmax(logits, dim=-1)
     if info.is_all_greedy:
         return greedy_ids
-    probs = torch.softmax(logits / info.temperatures, dim=-1)
-    probs = _filter_probs(probs, info)
-    sampled = _draw(probs, info)
-    return torch.where(info.greedy_mask, greedy_ids, sampled)
+    probs = torch.softmax(logits / info.temperatures, dim=-1)  # [bs, vocab]
+    weights, token_ids = _candidates(probs, info)
+    picked = _draw(weights, info)  # int64[bs]: a column of `weights`
+    if token_ids is not None:
+        picked = token_ids.gather(1, picked.unsqueeze(1)).squeeze(1)
+    return torch.where(info.greedy_mask, greedy_ids, picked)
 
 
-def _filter_probs(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """Zero the tokens outside top-k / top-p / min-p (unnormalized result)."""
-    if info.need_top_k_sampling or info.need_top_p_sampling:
-        probs = _top_k_top_p(probs, info.top_ks, info.top_ps)
-    if info.need_min_p_sampling:
+def _candidates(probs: torch.Tensor, info: SamplingBatchInfo):
+    """(weights [bs, C], token ids [bs, C] or None = all) after top-k / top-p / min-p.
+
+    Filtering works on the best C tokens only (a top-k instead of a full sort),
+    unless some row's top-k or top-p reaches past them.
+    """
+    vocab = probs.shape[-1]
+    if info.need_top_p_sampling:
+        num = min(vocab, max(_TOP_CANDIDATES, int(info.top_ks.clamp(max=vocab).max())))
+    elif info.need_top_k_sampling:
+        num = int(info.top_ks.clamp(max=vocab).max())
+    elif info.need_min_p_sampling:  # no ranking needed: mask below min_p * max
         max_prob = probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < max_prob * info.min_ps.unsqueeze(1), 0.0)
-    return probs
+        return probs.masked_fill(probs < max_prob * info.min_ps.unsqueeze(1), 0.0), None
+    else:
+        return probs, None
+    weights, token_ids = probs.topk(num, dim=-1)  # sorted, best first
+    if num < vocab and info.need_top_p_sampling:
+        covered = weights.sum(dim=-1) >= info.top_ps
+        if not bool(covered.all()):  # a flat distribution: top-p needs more tokens
+            weights, token_ids = probs.sort(dim=-1, descending=True)
+    return _filter_sorted(weights, info), token_ids
 
 
-def _top_k_top_p(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor):
-    sorted_probs, order = probs.sort(dim=-1, descending=True)  # [bs, vocab]
-    rank = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
-    drop = rank >= top_ks.unsqueeze(1)
-    # keep a token while the mass strictly before it is below top_p (the first always stays)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    drop |= mass_before > top_ps.unsqueeze(1)
-    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-    return torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+def _filter_sorted(weights: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """Zero the sorted candidates outside top-k / top-p / min-p (left unnormalized)."""
+    rank = torch.arange(weights.shape[-1], device=weights.device).unsqueeze(0)
+    drop = rank >= info.top_ks.unsqueeze(1)
+    if info.need_top_p_sampling:
+        # keep a token while the mass strictly before it is at most top_p (the first stays)
+        mass_before = weights.cumsum(dim=-1) - weights
+        drop |= mass_before > info.top_ps.unsqueeze(1)
+    if info.need_min_p_sampling:
+        drop |= weights < weights[:, :1] * info.min_ps.unsqueeze(1)
+    return weights.masked_fill(drop, 0.0)
 
 
-def _draw(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """One token per row; rows with a seed use their own generator seeded by (seed, step)."""
-    ids = torch.multinomial(probs, 1).squeeze(1)
+def _draw(weights: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """One column per row of `weights` ([bs, C], unnormalized), by inverse CDF.
+
+    One uniform per row; rows with a seed draw theirs from a generator seeded
+    by (seed, step), so the same seed gives the same tokens.
+    """
+    cdf = weights.cumsum(dim=-1)  # [bs, C]
+    uniform = torch.rand(weights.shape[0], device=weights.device)
     for row, seed in enumerate(info.seeds):
-        if seed is None:
-            continue
-        gen = torch.Generator(device=probs.device)
-        gen.manual_seed((seed * _SEED_MIX + info.steps[row]) % (1 << 63))
-        ids[row] = torch.multinomial(probs[row], 1, generator=gen)[0]
-    return ids
+        if seed is not None:
+            gen = torch.Generator(device=weights.device)
+            gen.manual_seed((seed * _SEED_MIX + info.steps[row]) % (1 << 63))
+            uniform[row] = torch.rand(1, generator=gen, device=weights.device)[0]
+    target = (uniform * cdf[:, -1]).unsqueeze(1)
+    picked = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return picked.clamp_(max=weights.shape[-1] - 1)
 
 
 def _with_logprobs(

@@ -22,14 +22,17 @@ def output_token_counts(
 def apply_penalties(
     logits: torch.Tensor,  # float32[bs, vocab], modified in place
     counts: torch.Tensor,  # int32[bs, vocab]
-    frequency: torch.Tensor,  # float32[bs, 1]
-    presence: torch.Tensor,  # float32[bs, 1]
-    repetition: torch.Tensor,  # float32[bs, 1]
+    frequency: torch.Tensor | None,  # float32[bs, 1]; None = no request uses it
+    presence: torch.Tensor | None,  # float32[bs, 1]
+    repetition: torch.Tensor | None,  # float32[bs, 1]
 ) -> torch.Tensor:
     """OpenAI frequency/presence penalties and the HF-style repetition penalty."""
-    seen = counts > 0
-    rep = torch.where(seen, repetition, torch.ones_like(repetition))
-    logits.copy_(torch.where(logits > 0, logits / rep, logits * rep))
-    logits -= frequency * counts.to(logits.dtype)
-    logits -= presence * seen.to(logits.dtype)
+    if repetition is not None:
+        seen = counts > 0
+        rep = torch.where(seen, repetition, 1.0)
+        logits.copy_(torch.where(logits > 0, logits / rep, logits * rep))
+    if frequency is not None:
+        logits -= frequency * counts
+    if presence is not None:
+        logits -= presence * (counts > 0)
     return logits

@@ -25,7 +25,7 @@ class SamplingBatchInfo:
     steps: list[int]  # per request: tokens generated so far (mixes into the seed)
     vocab_bias: torch.Tensor | None = None  # float32[bs, vocab]: logit_bias + min_new_tokens
     penalty_counts: torch.Tensor | None = None  # int32[bs, vocab]
-    frequency_penalties: torch.Tensor | None = None  # float32[bs, 1]
+    frequency_penalties: torch.Tensor | None = None  # float32[bs, 1]; None = unused
     presence_penalties: torch.Tensor | None = None  # float32[bs, 1]
     repetition_penalties: torch.Tensor | None = None  # float32[bs, 1]
     vocab_mask: torch.Tensor | None = None  # bool[bs, vocab]: True = banned (grammar)
@@ -78,12 +78,16 @@ class SamplingBatchInfo:
         return info
 
     def _init_penalties(self, params, output_ids, vocab_size, device) -> None:
+        """Counts of generated tokens, and a column per penalty some request uses."""
         if not any(_has_penalty(p) for p in params):
             return
         self.penalty_counts = output_token_counts(output_ids, vocab_size, device)
-        self.frequency_penalties = _col([p.frequency_penalty for p in params], device)
-        self.presence_penalties = _col([p.presence_penalty for p in params], device)
-        self.repetition_penalties = _col([p.repetition_penalty for p in params], device)
+        if any(p.frequency_penalty != 0.0 for p in params):
+            self.frequency_penalties = _col([p.frequency_penalty for p in params], device)
+        if any(p.presence_penalty != 0.0 for p in params):
+            self.presence_penalties = _col([p.presence_penalty for p in params], device)
+        if any(p.repetition_penalty != 1.0 for p in params):
+            self.repetition_penalties = _col([p.repetition_penalty for p in params], device)
 
 
 def _col(values: list[float], device) -> torch.Tensor:
