@@ -140,9 +140,7 @@ def test_sigterm_stops_everything_and_exits_zero(server):
 def test_dead_scheduler_makes_health_503_and_exits(tiny_llama_dir, tmp_path):
     srv = start_server(tiny_llama_dir, tmp_path / "server.log", "--skip-server-warmup")
     try:
-        children = psutil.Process(srv.proc.pid).children(recursive=True)
-        spawned = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
-        scheduler = max(spawned, key=lambda p: p.memory_info().rss)  # it holds the model
+        scheduler = max(_spawned_children(srv.proc.pid), key=lambda p: p.memory_info().rss)
         scheduler.kill()
         seen_503 = False
         deadline = time.time() + 30
@@ -158,6 +156,21 @@ def test_dead_scheduler_makes_health_503_and_exits(tiny_llama_dir, tmp_path):
         srv.stop(signal.SIGKILL)
 
 
+def _spawned_children(pid: int) -> list[psutil.Process]:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [p for p in children if "spawn_main" in " ".join(_cmdline(p))]
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
 def test_sigterm_during_startup_exits_zero(tiny_llama_dir, tmp_path):
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_llama_dir),
            "--port", str(free_port()), *SMALL_SERVER_FLAGS]  # fmt: skip
@@ -165,7 +178,10 @@ def test_sigterm_during_startup_exits_zero(tiny_llama_dir, tmp_path):
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
     try:
-        time.sleep(4)  # the runtime's children are starting
+        deadline = time.time() + 120
+        while not _spawned_children(proc.pid) and time.time() < deadline:
+            time.sleep(0.1)
+        assert _spawned_children(proc.pid), "the runtime's children never started"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         deadline = time.time() + 10
