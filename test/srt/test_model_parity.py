@@ -55,20 +55,28 @@ def setup(request, tiny_model_dir):
     worker.token_to_kv_pool_allocator.check_integrity()
 
 
-def test_prompt_logprobs_match_hf(setup):
+def test_prompt_logprobs_match_hf(setup, monkeypatch):
+    from sglang.srt.layers import logits_processor
+
     worker, hf, prompts = setup
+    # logits for a few rows at a time, as a long prompt over a large vocab would get
+    monkeypatch.setattr(logits_processor, "_LOGPROB_CHUNK_ELEMENTS", 5 * 8192)
     sched = MiniScheduler(worker)
     reqs = [MiniReq(p) for p in prompts]
     starts = [0] * len(reqs)
-    result = sched.run(
-        reqs, sched.build_extend(reqs, return_logprob=True, logprob_start_lens=starts)
+    batch = sched.build_extend(
+        reqs, return_logprob=True, logprob_start_lens=starts, top_logprobs_num=2
     )
-    for prompt, ours in zip(prompts, result.input_token_logprobs):
+    result = sched.run(reqs, batch)
+    for prompt, ours, tops in zip(prompts, result.input_token_logprobs, result.input_top_logprobs):
         assert ours[0] is None and len(ours) == len(prompt)
         ref = hf_prompt_logprobs(hf, prompt)
         torch.testing.assert_close(
             torch.tensor(ours[1:]), torch.tensor(ref), atol=LOGPROB_TOL, rtol=0
         )
+        assert tops[0] == [] and all(len(t) == 2 for t in tops[1:])
+        assert all(t[0][0] >= lp - 1e-6 for t, lp in zip(tops[1:], ours[1:]))
+    assert len(result.next_token_logprobs) == len(prompts)
     sched.release(reqs)
 
 

@@ -2,11 +2,13 @@
 
 Only the last token of each request gets logits, unless input (prompt)
 logprobs are requested; then the chunk positions from
-`extend_input_logprob_start_lens` on do too.
+`extend_input_logprob_start_lens` on do too, computed a slice of rows at a
+time so a long prompt over a large vocabulary never holds all its logits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 
 
 _MAX_CARRIED = 256  # logprob rows kept for a request's next chunk (see _carried_head)
+_LOGPROB_CHUNK_ELEMENTS = 1 << 24  # logits held at once while computing input logprobs
 
 
 @dataclass
@@ -29,13 +32,7 @@ class LogitsProcessorOutput:
     input_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
 
 
-@dataclass
-class _Rows:
-    """Which hidden-state rows get logits, and where each request's segment lies."""
-
-    rows: list[int]  # token indices into hidden_states
-    last: list[int]  # per request: index into `rows` of its last token
-    segments: list[tuple[int, int, int]]  # per logprob request: (req, first row idx, start)
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # token indices int64[n] -> float32[n, vocab]
 
 
 class LogitsProcessor(nn.Module):
@@ -48,18 +45,21 @@ class LogitsProcessor(nn.Module):
         self, hidden_states: torch.Tensor, lm_head: nn.Module, forward_batch: ForwardBatch
     ) -> LogitsProcessorOutput:
         """hidden_states: [num_tokens, H]."""
-        if forward_batch.forward_mode.is_decode():
+        fb = forward_batch
+        if fb.forward_mode.is_decode():
             return LogitsProcessorOutput(self._logits(hidden_states, lm_head))
-        sel = _select_rows(forward_batch)
-        if not sel.segments and len(sel.rows) == hidden_states.shape[0]:
-            logits = self._logits(hidden_states, lm_head)  # every token is a last token
+        if len(fb.extend_seq_lens_cpu) == hidden_states.shape[0]:  # every token is a last one
+            out = LogitsProcessorOutput(self._logits(hidden_states, lm_head))
         else:
-            index = torch.tensor(sel.rows, device=hidden_states.device)
-            logits = self._logits(hidden_states.index_select(0, index), lm_head)
-        last = torch.tensor(sel.last, device=logits.device)
-        out = LogitsProcessorOutput(logits.index_select(0, last) if sel.segments else logits)
-        if sel.segments:
-            _input_logprobs(out, logits, sel, forward_batch)
+            ends = torch.tensor(fb.extend_seq_lens_cpu, device=hidden_states.device).cumsum(0)
+            last = hidden_states.index_select(0, ends - 1)
+            out = LogitsProcessorOutput(self._logits(last, lm_head))
+        if _wants_input_logprobs(fb):
+
+            def logits_fn(rows: torch.Tensor) -> torch.Tensor:
+                return self._logits(hidden_states.index_select(0, rows), lm_head)
+
+            _input_logprobs(out, logits_fn, fb)
         return out
 
     def _logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
@@ -71,48 +71,61 @@ class LogitsProcessor(nn.Module):
         return logits[:, : self.vocab_size].float()
 
 
-def _select_rows(fb: ForwardBatch) -> _Rows:
-    starts = fb.extend_input_logprob_start_lens if fb.return_logprob else None
-    sel = _Rows([], [], [])
-    offset = 0
-    for r, ext in enumerate(fb.extend_seq_lens_cpu):
-        start = ext if starts is None else min(starts[r], ext)
-        if start < ext:
-            first = max(start - 1, 0)
-            sel.segments.append((r, len(sel.rows), start))
-            sel.rows.extend(range(offset + first, offset + ext))
-        else:
-            sel.rows.append(offset + ext - 1)
-        sel.last.append(len(sel.rows) - 1)
-        offset += ext
-    return sel
+def _wants_input_logprobs(fb: ForwardBatch) -> bool:
+    starts = fb.extend_input_logprob_start_lens
+    if not fb.return_logprob or starts is None:
+        return False
+    return any(s < e for s, e in zip(starts, fb.extend_seq_lens_cpu))
 
 
-def _input_logprobs(
-    out: LogitsProcessorOutput, logits: torch.Tensor, sel: _Rows, fb: ForwardBatch
-) -> None:
-    """Fill out.input_token_logprobs / input_top_logprobs for the logprob requests."""
+def _input_logprobs(out: LogitsProcessorOutput, logits_fn: LogitsFn, fb: ForwardBatch) -> None:
+    """Fill out.input_token_logprobs / input_top_logprobs (per request, [] when not asked)."""
     bs = fb.batch_size
     token_lp: list[list[float | None]] = [[] for _ in range(bs)]
     top_lp: list[list[list[tuple[float, int]]]] = [[] for _ in range(bs)]
-    offsets = [0]
-    for ext in fb.extend_seq_lens_cpu:
-        offsets.append(offsets[-1] + ext)
-    for r, first_row, start in sel.segments:
-        ext = fb.extend_seq_lens_cpu[r]
-        # rows first_row .. last[r]-1 predict chunk positions max(start, 1) .. ext-1;
-        # the last row predicts the token after the chunk
-        rows = torch.log_softmax(logits[first_row : sel.last[r] + 1], dim=-1)  # [n + 1, vocab]
-        begin = max(start, 1)
-        targets = fb.input_ids[offsets[r] + begin : offsets[r] + ext]
-        values = rows[:-1].gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
-        k = (fb.top_logprobs_nums or [0] * bs)[r]
-        head = [_carried_head(fb, r, int(fb.input_ids[offsets[r]]), k)] if start == 0 else []
-        token_lp[r] = [h[0] for h in head] + values
-        top_lp[r] = [h[1] for h in head] + _topk(rows[:-1], k)
-        _store_carry(fb, offsets[r] + ext - 1, fb.seq_lens_cpu[r], rows[-1])
-    out.input_token_logprobs = token_lp
-    out.input_top_logprobs = top_lp
+    top_nums = fb.top_logprobs_nums or [0] * bs
+    # rows per logits slice, so one slice holds at most _LOGPROB_CHUNK_ELEMENTS logits
+    step = max(1, _LOGPROB_CHUNK_ELEMENTS // out.next_token_logits.shape[-1])
+    offset = 0
+    for r, ext in enumerate(fb.extend_seq_lens_cpu):
+        start = min(fb.extend_input_logprob_start_lens[r], ext)
+        if start < ext:
+            values, tops = _segment_logprobs(logits_fn, fb, offset, start, ext, top_nums[r], step)
+            if start == 0:  # chunk position 0 is predicted by the previous chunk
+                head_value, head_top = _carried_head(fb, r, int(fb.input_ids[offset]), top_nums[r])
+                values, tops = [head_value, *values], [head_top, *tops]
+            token_lp[r], top_lp[r] = values, tops
+            _store_carry(
+                fb,
+                offset + ext - 1,
+                fb.seq_lens_cpu[r],
+                torch.log_softmax(out.next_token_logits[r], dim=-1),
+            )
+        offset += ext
+    out.input_token_logprobs, out.input_top_logprobs = token_lp, top_lp
+
+
+def _segment_logprobs(
+    logits_fn: LogitsFn,
+    fb: ForwardBatch,
+    offset: int,
+    start: int,
+    ext: int,
+    top_num: int,
+    step: int,
+):
+    """Logprobs of chunk positions max(start, 1) .. ext-1, from the rows before each."""
+    first = max(start - 1, 0)
+    rows = torch.arange(offset + first, offset + ext - 1, device=fb.input_ids.device)
+    targets = fb.input_ids[offset + first + 1 : offset + ext]
+    values: list[float | None] = []
+    tops: list[list[tuple[float, int]]] = []
+    for i in range(0, rows.shape[0], step):
+        logprobs = torch.log_softmax(logits_fn(rows[i : i + step]), dim=-1)  # [n, vocab]
+        picked = logprobs.gather(1, targets[i : i + step].unsqueeze(1)).squeeze(1)
+        values.extend(picked.tolist())
+        tops.extend(_topk(logprobs, top_num))
+    return values, tops
 
 
 def _carried_head(fb: ForwardBatch, r: int, token_id: int, k: int):
