@@ -370,3 +370,14 @@ def test_health_503_when_scheduler_does_not_answer(client, tm, monkeypatch):
     monkeypatch.setattr(http_server, "HEALTH_TIMEOUT_S", 0.05)
     monkeypatch.setattr(tm, "get_internal_state", hang)
     assert client.get("/health").status_code == 503
+
+
+def test_continuous_usage_stats_and_sse_headers(client):
+    body = chat_body(max_tokens=3, stream=True,
+                     stream_options={"continuous_usage_stats": True})  # fmt: skip
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.headers["cache-control"] == "no-cache"
+        events = sse_events(response)
+    completions = [e["usage"]["completion_tokens"] for e in events]
+    assert completions == sorted(completions) and completions[-1] == 3
+    assert all(e["choices"] for e in events)  # no usage-only chunk without include_usage

@@ -26,7 +26,7 @@ BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "invalid_request_error",
-    404: "not_found_error",
+    404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
     503: "service_unavailable_error",

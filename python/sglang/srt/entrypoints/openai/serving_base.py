@@ -11,7 +11,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from fastapi import Request
@@ -20,16 +20,19 @@ from pydantic import BaseModel
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
-from sglang.srt.entrypoints.openai.protocol import SamplingFields
+from sglang.srt.entrypoints.openai.protocol import SamplingFields, UsageInfo
 from sglang.srt.entrypoints.openai.sampling import reject_structured_output
+from sglang.srt.entrypoints.openai.usage import usage_of
 
 if TYPE_CHECKING:
     from sglang.srt.managers.io_struct import GenerateReqInput
     from sglang.srt.observability.metrics import ServerMetrics
 
 SSE_DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request"; nobody reads it
 MODEL_ALIASES = ("default",)
+ChunkT = TypeVar("ChunkT", bound=BaseModel)
 
 
 def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
@@ -64,7 +67,9 @@ async def open_stream(
     except BaseException:
         fanout.close()
         raise
-    return StreamingResponse(_sse(fanout, chunks), media_type="text/event-stream")
+    return StreamingResponse(
+        _sse(fanout, chunks), media_type="text/event-stream", headers=SSE_HEADERS
+    )
 
 
 async def _sse(
@@ -157,3 +162,27 @@ class ChoiceStream:
         start = self.num_logprobs
         self.num_logprobs = len(meta.get("output_token_logprobs") or [])
         return start
+
+
+class StreamUsage:
+    """Token usage over a stream (the latest meta_info of each choice), sent as
+    `stream_options` asks: in a last chunk (`include_usage`) and/or on every chunk
+    (`continuous_usage_stats`)."""
+
+    def __init__(self, request: SamplingFields, prepared: Prepared) -> None:
+        options = request.stream_options
+        self.final = bool(options and options.include_usage)
+        self.continuous = bool(options and options.continuous_usage_stats)
+        self._n = prepared.n
+        self._metas: list[dict[str, Any]] = [{} for _ in prepared.objs]
+
+    def note(self, index: int, meta: dict[str, Any]) -> None:
+        self._metas[index] = meta
+
+    def usage(self) -> UsageInfo:
+        return usage_of(self._metas, self._n)
+
+    def stamp(self, chunk: ChunkT) -> ChunkT:
+        if self.continuous:
+            chunk.usage = self.usage()
+        return chunk

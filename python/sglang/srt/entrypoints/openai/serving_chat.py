@@ -28,6 +28,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     ChoiceStream,
     OpenAIServingBase,
     Prepared,
+    StreamUsage,
     choice_rids,
     new_request_id,
 )
@@ -138,22 +139,19 @@ class OpenAIServingChat(OpenAIServingBase):
         self, request: ChatCompletionRequest, prepared: Prepared, fanout: ChoiceFanout
     ) -> AsyncIterator[ChatCompletionStreamResponse]:
         states = [ChoiceStream() for _ in prepared.objs]
-        final_metas: list[dict[str, Any]] = [{} for _ in prepared.objs]
+        usage = StreamUsage(request, prepared)
         async for event in fanout.events():
-            state, meta = states[event.index], event.output["meta_info"]
+            state = states[event.index]
+            usage.note(event.index, event.output["meta_info"])
             if not state.started:
                 state.started = True
-                yield self._chunk(
-                    prepared, request, event.index, DeltaMessage(role="assistant", content="")
-                )
+                role = DeltaMessage(role="assistant", content="")
+                yield usage.stamp(self._chunk(prepared, request, event.index, role))
             for chunk in self._delta_chunks(request, prepared, event.index, state, event.output):
-                yield chunk
-            if event.finished:
-                final_metas[event.index] = meta
-        if request.stream_options and request.stream_options.include_usage:
-            usage = usage_of(final_metas, prepared.n)
+                yield usage.stamp(chunk)
+        if usage.final:
             yield ChatCompletionStreamResponse(
-                id=prepared.request_id, model=request.model, choices=[], usage=usage
+                id=prepared.request_id, model=request.model, choices=[], usage=usage.usage()
             )
 
     def _delta_chunks(

@@ -35,6 +35,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     ChoiceStream,
     OpenAIServingBase,
     Prepared,
+    StreamUsage,
     choice_rids,
     new_request_id,
 )
@@ -166,19 +167,17 @@ class OpenAIServingCompletion(OpenAIServingBase):
         self, request: CompletionRequest, prepared: Prepared, fanout: ChoiceFanout
     ) -> AsyncIterator[CompletionStreamResponse]:
         states = [ChoiceStream() for _ in prepared.objs]
-        final_metas: list[dict[str, Any]] = [{} for _ in prepared.objs]
+        usage = StreamUsage(request, prepared)
         async for event in fanout.events():
+            usage.note(event.index, event.output["meta_info"])
             chunk = self._delta_chunk(
                 request, prepared, event.index, states[event.index], event.output
             )
             if chunk is not None:
-                yield chunk
-            if event.finished:
-                final_metas[event.index] = event.output["meta_info"]
-        if request.stream_options and request.stream_options.include_usage:
-            usage = usage_of(final_metas, prepared.n)
+                yield usage.stamp(chunk)
+        if usage.final:
             yield CompletionStreamResponse(
-                id=prepared.request_id, model=request.model, choices=[], usage=usage
+                id=prepared.request_id, model=request.model, choices=[], usage=usage.usage()
             )
 
     def _delta_chunk(
