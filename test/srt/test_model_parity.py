@@ -182,6 +182,10 @@ def test_extend_attention_layouts_agree(tiny_llama_dir, monkeypatch, pad_waste):
         sched.build_extend([MiniReq(p) for p in prompts])
     ).next_token_logits
     monkeypatch.setattr(torch_native_backend, "_MAX_PAD_WASTE", pad_waste)
+    # ragged: also one request per decode chunk
+    monkeypatch.setattr(
+        torch_native_backend, "_DECODE_CHUNK_BYTES", 1 if pad_waste == 0 else 1 << 30
+    )
     chunked = _two_chunk_logits(worker, sched, prompts, [len(p) // 2 for p in prompts])
     torch.testing.assert_close(chunked, full, atol=1e-4, rtol=0)
     fresh = worker.forward_batch_logits(
