@@ -240,3 +240,14 @@ def test_abort_request_finishes_with_abort(server):
     out = asyncio.run(run())
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
     assert _wait_idle(server) == 0
+
+
+def test_greedy_chat_equals_engine_generate(client, tiny_llama_dir, tokenizer):
+    import sglang as sgl
+
+    chat_text = chat(client, max_tokens=12, temperature=0).choices[0].message.content
+    prompt = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    params = {"max_new_tokens": 12, "temperature": 0}
+    with sgl.Engine(model_path=str(tiny_llama_dir), max_total_tokens=4096, num_threads=1,
+                    log_level="warning") as engine:  # fmt: skip
+        assert engine.generate(prompt, params)["text"] == chat_text
