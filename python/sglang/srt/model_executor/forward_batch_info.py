@@ -101,7 +101,6 @@ class ForwardBatch:
     top_logprobs_nums: list[int] | None = None
     extend_input_logprob_start_lens: list[int] | None = None
     sampling_info: SamplingBatchInfo | None = None
-    attn_metadata: object | None = field(default=None, repr=False)
     # input logprobs across chunk boundaries: the runner's {kv_slot: (seq_len, row)}
     logprob_carry: dict | None = field(default=None, repr=False)
     req_pool_indices_cpu: list[int] | None = None
