@@ -87,7 +87,14 @@ def test_bad_dtype_and_missing_config(tmp_path):
         ModelConfig(str(tmp_path / "empty"))
 
 
-@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 4.0}, LLAMA3_SCALING])
+YARN_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [None, {"rope_type": "linear", "factor": 4.0}, LLAMA3_SCALING, YARN_SCALING],
+    ids=["default", "linear", "llama3", "yarn"],
+)
 def test_rope_matches_hf(tmp_path, scaling):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb

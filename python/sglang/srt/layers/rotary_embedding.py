@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
 
 class RotaryEmbedding(nn.Module):
@@ -25,8 +25,9 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = rotary_dim
         inv_freq, positions = _scaled_inv_freq(rotary_dim, max_position, base, scaling)
         freqs = torch.outer(positions, inv_freq)  # float32[max_len, rotary_dim / 2]
-        self.register_buffer("cos_cache", freqs.cos(), persistent=False)
-        self.register_buffer("sin_cache", freqs.sin(), persistent=False)
+        scale = _attention_factor(scaling)  # yarn scales cos and sin
+        self.register_buffer("cos_cache", freqs.cos() * scale, persistent=False)
+        self.register_buffer("sin_cache", freqs.sin() * scale, persistent=False)
         self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
@@ -83,6 +84,8 @@ def _scaled_inv_freq(dim: int, max_position: int, base: float, scaling: dict[str
         return _base_inv_freq(dim, base), positions / factor
     if rope_type == "dynamic":
         return _dynamic_ntk(dim, base, factor, scaling, max_position)
+    if rope_type == "yarn":
+        return _yarn_inv_freq(dim, base, factor, scaling, max_position), positions
     return _llama3_inv_freq(dim, base, factor, scaling), positions
 
 
@@ -106,6 +109,48 @@ def _llama3_inv_freq(dim: int, base: float, factor: float, scaling: dict[str, An
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _attention_factor(scaling: dict[str, Any] | None) -> float:
+    """The factor yarn applies to cos / sin (1 for every other type), as HF computes it."""
+    if not scaling or scaling.get("rope_type") != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor, mscale, mscale_all = (
+        scaling["factor"],
+        scaling.get("mscale"),
+        scaling.get("mscale_all_dim"),
+    )
+    if mscale and mscale_all:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+    return _yarn_mscale(factor)
+
+
+def _yarn_inv_freq(
+    dim: int, base: float, factor: float, scaling: dict[str, Any], max_position: int
+):
+    """YaRN: interpolate the low frequencies, keep the high ones, ramp in between."""
+    original = float(scaling.get("original_max_position_embeddings") or max_position)
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
 
 def get_rope(
