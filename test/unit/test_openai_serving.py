@@ -279,6 +279,7 @@ def test_models_routes(client):
 
 def test_health_follows_status_and_liveness(client, tm):
     assert client.get("/health").status_code == 200
+    assert client.head("/health").status_code == 200
     assert client.get("/health_generate").status_code == 200
     tm.alive = False
     assert client.get("/health").status_code == 503

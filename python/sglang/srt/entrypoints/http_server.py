@@ -156,7 +156,7 @@ async def retrieve_model(model_id: str, raw_request: Request) -> ModelCard:
 # --- health ---------------------------------------------------------------------------------
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(raw_request: Request) -> Response:
     """200 when ready, every child alive, and the scheduler answers between its steps."""
     state = server_state(raw_request)
