@@ -165,7 +165,7 @@ class Scheduler(
         batch = self.get_next_batch_to_run()
         if batch is not None:
             self._forward_started_at = time.monotonic()
-            result = self.run_batch(batch)
+            result = self.tp_sync.share_result(self.run_batch(batch))
             self._forward_started_at = None
             self.process_batch_result(batch, result)
             self._checked_idle = False

@@ -62,6 +62,13 @@ class TpSync:
             return msgs
         return self.group.broadcast_object(msgs if self.is_first_rank else None)
 
+    def share_result(self, result: Any) -> Any:
+        """Rank 0's sampled tokens on every rank, so request states never diverge
+        (sampling with temperature > 0 may differ by rank otherwise)."""
+        if self.group is None:
+            return result
+        return self.group.broadcast_object(result if self.is_first_rank else None)
+
     def agree_min(self, values: list[int]) -> list[int]:
         """Element-wise minimum over ranks."""
         if self.group is None:
