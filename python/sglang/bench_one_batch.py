@@ -4,8 +4,9 @@
         --input-len 128 --output-len 32 [--num-threads 2] [--no-hf] [server flags]
 
 Runs the model through TpModelWorker (no scheduler, no server) and, in the same
-process, HF transformers' forward with its KV cache on the same token batch;
-reports latency, throughput and the HF/ours latency ratio (> 1: we are faster).
+process, HF transformers' forward with its KV cache on the same token batch,
+the two interleaved step by step; reports median latency, throughput and the
+HF/ours latency ratio (> 1: we are faster).
 """
 
 from __future__ import annotations
@@ -62,33 +63,74 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def bench_ours(worker, prompts: list[list[int]], output_len: int) -> Timing:
-    from sglang.test.runner_utils import MiniReq, MiniScheduler
+class OursRunner:
+    """Our TpModelWorker on a static batch, driven by the test MiniScheduler."""
 
-    sched = MiniScheduler(worker)
-    reqs = [MiniReq(list(p)) for p in prompts]
-    batch = sched.build_extend(reqs)
-    prefill_s = _timed(lambda: sched.run(reqs, batch))
-    steps = []
-    for _ in range(output_len - 1):
-        batch = sched.build_decode(reqs)  # scheduler bookkeeping is not timed
-        steps.append(_timed(lambda b=batch: sched.run(reqs, b)))
-    sched.release(reqs)
-    return Timing(prefill_s, statistics.median(steps) if steps else float("nan"))
+    def __init__(self, worker, prompts: list[list[int]]) -> None:
+        from sglang.test.runner_utils import MiniScheduler
+
+        self.sched, self.prompts, self.reqs = MiniScheduler(worker), prompts, []
+
+    def prefill(self) -> float:
+        from sglang.test.runner_utils import MiniReq
+
+        self.close()
+        self.reqs = [MiniReq(list(p)) for p in self.prompts]
+        batch = self.sched.build_extend(self.reqs)  # scheduler bookkeeping is not timed
+        return _timed(lambda: self.sched.run(self.reqs, batch))
+
+    def decode(self) -> float:
+        batch = self.sched.build_decode(self.reqs)
+        return _timed(lambda: self.sched.run(self.reqs, batch))
+
+    def close(self) -> None:
+        self.sched.release(self.reqs)
 
 
-@torch.inference_mode()
-def bench_hf(model, prompts: list[list[int]], output_len: int) -> Timing:
+class HFRunner:
     """HF forward with its own KV cache, greedy, on the same batch (equal lengths)."""
-    ids = torch.tensor(prompts)
-    out = {}
-    prefill_s = _timed(lambda: out.update(r=model(ids, use_cache=True)))
-    steps = []
+
+    def __init__(self, model, prompts: list[list[int]]) -> None:
+        self.model, self.ids, self.out = model, torch.tensor(prompts), None
+
+    @torch.inference_mode()
+    def prefill(self) -> float:
+        return _timed(lambda: setattr(self, "out", self.model(self.ids, use_cache=True)))
+
+    @torch.inference_mode()
+    def decode(self) -> float:
+        nxt = self.out.logits[:, -1].argmax(-1, keepdim=True)
+        past = self.out.past_key_values
+        return _timed(lambda: setattr(self, "out", self.model(nxt, past_key_values=past)))
+
+    def close(self) -> None:
+        self.out = None
+
+
+def measure(runners: list, output_len: int, prefill_repeats: int = 3) -> list[Timing]:
+    """Median prefill and decode-step latency of each runner, their steps interleaved so
+    load from other processes hits all of them alike."""
+    prefill: list[list[float]] = [[] for _ in runners]
+    decode: list[list[float]] = [[] for _ in runners]
+    for _ in range(prefill_repeats):
+        for times, runner in zip(prefill, runners):
+            times.append(runner.prefill())
     for _ in range(output_len - 1):
-        nxt = out["r"].logits[:, -1].argmax(-1, keepdim=True)
-        past = out["r"].past_key_values
-        steps.append(_timed(lambda n=nxt, p=past: out.update(r=model(n, past_key_values=p))))
-    return Timing(prefill_s, statistics.median(steps) if steps else float("nan"))
+        for times, runner in zip(decode, runners):
+            times.append(runner.decode())
+    for runner in runners:
+        runner.close()
+    return [
+        Timing(statistics.median(p), statistics.median(d) if d else float("nan"))
+        for p, d in zip(prefill, decode)
+    ]
+
+
+def _runners(worker, hf_model, prompts: list[list[int]]) -> list:
+    runners = [OursRunner(worker, prompts)]
+    if hf_model is not None:
+        runners.append(HFRunner(hf_model, prompts))
+    return runners
 
 
 def run(bench: BenchArgs, worker, hf_model) -> list[dict]:
@@ -97,21 +139,20 @@ def run(bench: BenchArgs, worker, hf_model) -> list[dict]:
     results = []
     for bs, il, ol in itertools.product(bench.batch_size, bench.input_len, bench.output_len):
         prompts = torch.randint(3, vocab, (bs, il), generator=gen).tolist()
-        bench_ours(worker, prompts[:1], 2)  # warm up this shape's code paths
-        ours = bench_ours(worker, prompts, ol)
+        measure(_runners(worker, hf_model, prompts[:1]), 2, 1)  # warm up this shape's paths
+        timings = measure(_runners(worker, hf_model, prompts), ol)
         logger.info("batch %d, input %d, output %d", bs, il, ol)
-        logger.info(ours.line("ours", bs, il))
-        row = {"bs": bs, "input_len": il, "output_len": ol, "ours": ours}
-        if hf_model is not None:
-            bench_hf(hf_model, prompts[:1], 2)
-            hf = bench_hf(hf_model, prompts, ol)
-            logger.info(hf.line("hf", bs, il))
+        row = {"bs": bs, "input_len": il, "output_len": ol}
+        for name, timing in zip(("ours", "hf"), timings):
+            logger.info(timing.line(name, bs, il))
+            row[name] = timing
+        if len(timings) == 2:
+            ours, hf = timings
             logger.info(
                 "ratio hf/ours: prefill %.2fx, decode %.2fx",
                 hf.prefill_s / ours.prefill_s,
                 hf.decode_s / ours.decode_s,
             )
-            row["hf"] = hf
         results.append(row)
     return results
 
