@@ -28,22 +28,23 @@ class RotaryEmbedding(nn.Module):
         scale = _attention_factor(scaling)  # yarn scales cos and sin
         self.register_buffer("cos_cache", freqs.cos() * scale, persistent=False)
         self.register_buffer("sin_cache", freqs.sin() * scale, persistent=False)
-        self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def prepare(self, positions: torch.Tensor) -> None:
+        """Build cos / sin for this forward's positions (int64[T]); the model calls it once
+        per forward, before its layers, so every layer reuses them."""
+        cos = self.cos_cache.index_select(0, positions).unsqueeze(1)  # [T, 1, rot / 2]
+        sin = self.sin_cache.index_select(0, positions).unsqueeze(1)
+        # with the halves swapped by roll, x * cos + roll(x) * sin_signed is HF's
+        # x * cos + rotate_half(x) * sin, op for op
+        self._prepared = (positions, torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1))
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
-        """(cos [T, 1, rot], signed sin [T, 1, rot]); built once per forward, reused by layers.
-
-        With the rotated half first, x * cos + roll(x) * sin_signed is HF's
-        x * cos + rotate_half(x) * sin, op for op.
-        """
-        last = self._last
-        if last is not None and last[0] is positions:
-            return last[1], last[2]
-        cos = self.cos_cache.index_select(0, positions).unsqueeze(1).to(dtype)
-        sin = self.sin_cache.index_select(0, positions).unsqueeze(1).to(dtype)
-        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
-        self._last = (positions, cos, sin)
-        return cos, sin
+        """(cos [T, 1, rot], signed sin [T, 1, rot]) for `positions`."""
+        if self._prepared is None or self._prepared[0] is not positions:
+            self.prepare(positions)
+        _, cos, sin = self._prepared
+        return cos.to(dtype), sin.to(dtype)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions: int64[T]; q: [T, Hq * D]; k: [T, Hkv * D] -> rotated (q, k)."""

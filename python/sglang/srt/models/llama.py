@@ -17,7 +17,7 @@ from sglang.srt.layers.linear import (
 )
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.radix_attention import RadixAttention
-from sglang.srt.layers.rotary_embedding import get_rope
+from sglang.srt.layers.rotary_embedding import RotaryEmbedding, get_rope
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_loader.weight_mapping import load_stacked_weights
 
@@ -42,7 +42,9 @@ class LlamaAttention(nn.Module):
     qkv_bias = False  # Qwen2 sets True
     qk_norm = False  # Qwen3 sets True
 
-    def __init__(self, config: ModelConfig, layer_id: int, tp: dict[str, int]) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_id: int, tp: dict[str, int], rotary_emb: RotaryEmbedding
+    ) -> None:
         super().__init__()
         tp_size = tp["tp_size"]
         self.head_dim = d = config.head_dim
@@ -61,13 +63,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * d, config.hidden_size, bias=config.attention_bias, **tp
         )
-        self.rotary_emb = get_rope(
-            d,
-            max(config.max_position_embeddings, config.context_len),
-            config.rope_theta,
-            config.rope_scaling,
-            config.partial_rotary_factor,
-        )
+        self.rotary_emb = rotary_emb  # shared by all layers; cos/sin built once per forward
         if self.qk_norm:
             self.q_norm = RMSNorm(d, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(d, eps=config.rms_norm_eps)
@@ -96,9 +92,11 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
 
-    def __init__(self, config: ModelConfig, layer_id: int, tp: dict[str, int]) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_id: int, tp: dict[str, int], rotary_emb: RotaryEmbedding
+    ) -> None:
         super().__init__()
-        self.self_attn = self.attention_cls(config, layer_id, tp)
+        self.self_attn = self.attention_cls(config, layer_id, tp, rotary_emb)
         self.mlp = LlamaMLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -127,8 +125,18 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, tp: dict[str, int]) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, **tp)
+        self.rotary_emb = get_rope(
+            config.head_dim,
+            max(config.max_position_embeddings, config.context_len),
+            config.rope_theta,
+            config.rope_scaling,
+            config.partial_rotary_factor,
+        )
         self.layers = nn.ModuleList(
-            [self.layer_cls(config, i, tp) for i in range(config.num_hidden_layers)]
+            [
+                self.layer_cls(config, i, tp, self.rotary_emb)
+                for i in range(config.num_hidden_layers)
+            ]
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -137,6 +145,7 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: int64[T] -> hidden states [T, H]."""
         hidden_states, residual = self.embed_tokens(input_ids), None
+        self.rotary_emb.prepare(positions)
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
