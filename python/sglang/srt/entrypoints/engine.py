@@ -174,8 +174,7 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
         children.procs.append(("detokenizer", detok))
         readers.append(("detokenizer", detok, detok_reader))
         infos = [
-            _wait_ready(role, proc, reader, CHILD_READY_TIMEOUT_S)
-            for role, proc, reader in readers
+            _wait_ready(role, proc, reader, CHILD_READY_TIMEOUT_S) for role, proc, reader in readers
         ]
         tokenizer_manager = TokenizerManager(server_args, port_args, ready_info=infos[0])
     except BaseException:
