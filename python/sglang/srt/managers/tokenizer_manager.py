@@ -36,10 +36,6 @@ from sglang.srt.managers.ipc import AsyncPullEndpoint, PushEndpoint
 
 logger = logging.getLogger(__name__)
 
-# How often a waiting request re-checks that the runtime is alive.
-LIVENESS_POLL_S = 0.5
-
-
 def load_tokenizer() -> Any:
     """The HF tokenizer named by the published `model` bag (None if skipped)."""
     from transformers import AutoTokenizer
@@ -176,12 +172,10 @@ class TokenizerManager:
                 self.abort_request(obj.rid)
 
     async def _wait_outputs(self, state: ReqState) -> AsyncIterator[dict[str, Any]]:
+        # No polling: on_child_death wakes every waiting request (see _fail_all),
+        # and periodic wake-ups of many requests would steal CPU from the scheduler.
         while True:
-            try:
-                await asyncio.wait_for(state.event.wait(), timeout=LIVENESS_POLL_S)
-            except asyncio.TimeoutError:
-                self._check_alive()
-                continue
+            await state.event.wait()
             state.event.clear()
             if state.error is not None:
                 raise RuntimeError(state.error)
