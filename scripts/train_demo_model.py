@@ -314,22 +314,29 @@ Greedy, {n_new} new tokens, target, prompt `{prompt!r}`:
 ```
 
 (`scripts/train_demo_model.py` in the repository), {total_min:.0f} minutes on 2 CPU
-cores shared with other work. {schedule_note} Both models:
+cores shared with other work.
+
+{schedule_note}
+
+Both models:
 `transformers.LlamaForCausalLM`, fp32 training, AdamW (betas 0.9/0.95, weight decay
 0.1 on matrices, gradient clip 1.0), {warmup} warm-up steps then cosine decay to 10%,
 peak learning rate {t_lr:g} (target) / {d_lr:g} (draft), {batch} random windows of
 {seq} tokens per step, the last {long_pct:.0f}% of the run on windows of {ctx} tokens
 (same tokens per step). Weights are saved in bfloat16; the figures above are measured
-on the bf16 weights. Loss curves are in the training log the script prints.
+on the bf16 weights. Training loss (mean over the last {log_every} steps), from the log:
+
+- target: {t_curve}
+- draft: {d_curve}
 
 ## Corpus and license
 
 Python {py_version}'s own standard library, read from the interpreter that ran the
 script (`sglang.test.corpus`): the `pydoc_data` topics and the standard library's
 `.py` sources (excluding `test/`, `idlelib/`, `lib2to3/` and site-packages), about
-{train_mtokens:.1f}M training tokens. Both are distributed under the **PSF
-License Agreement** (Python Software Foundation License Version 2); these weights are
-derived from that text. Held out from training (tokenizer included) and used for
+{train_mtokens:.1f}M training tokens. Both are distributed under the
+**PSF License Agreement** (Python Software Foundation License Version 2); these
+weights are derived from that text. Held out from training (tokenizer included) and used for
 every held-out figure: {heldout_files} ({heldout_tokens:,} tokens, measured on
 {heldout_positions:,} positions in windows of {seq}).
 """
@@ -341,6 +348,10 @@ def write_model_card(out_dir: Path, args, target: TrainResult, draft: TrainResul
         return " / ".join(str(a[k]) for k in ("hidden_size", "num_hidden_layers",
                                                "num_attention_heads", "num_key_value_heads",
                                                "intermediate_size"))
+
+    def curve(result: TrainResult) -> str:
+        points = result.loss_curve[3::4] or result.loss_curve
+        return ", ".join(f"{step}: {loss:.2f}" for step, loss in points)
 
     command = (f"python scripts/train_demo_model.py --seed {args.seed} --threads {args.threads} "
                f"--target-minutes {args.target_minutes:g} --draft-minutes {args.draft_minutes:g}")
@@ -364,7 +375,8 @@ def write_model_card(out_dir: Path, args, target: TrainResult, draft: TrainResul
         t_lr=args.target_lr, d_lr=args.draft_lr, warmup=args.warmup_steps,
         batch=args.batch_size, seq=args.seq_len, ctx=args.long_seq_len,
         long_pct=100 * args.long_frac, vocab=args.vocab_size, command=command,
-        schedule_note=schedule_note,
+        schedule_note=schedule_note, log_every=args.log_every,
+        t_curve=curve(target), d_curve=curve(draft),
         py_version=f"{sys.version_info.major}.{sys.version_info.minor}",
         heldout_files=", ".join(f"`{f}`" for f in corpus.HELDOUT_STDLIB_FILES),
         **figures,
