@@ -112,7 +112,7 @@ class SchedulerRequestsMixin:
         self.send_to_tokenizer.send(out)
 
     def handle_get_internal_state(self, msg: GetInternalStateReq) -> None:
-        if self.is_idle():
+        if self.is_idle() and not self._checked_idle:
             self._check_idle_integrity()
         self.send_to_tokenizer.send(GetInternalStateReqOutput(self.internal_state()))
 
