@@ -15,12 +15,7 @@ from sglang.srt.runtime_context import (
 )
 from sglang.srt.server_args import ServerArgs
 
-
-@pytest.fixture(autouse=True)
-def clean_context():
-    reset_context()
-    yield
-    reset_context()
+pytestmark = pytest.mark.usefixtures("clean_context")
 
 
 def publish_topology(**fields) -> None:

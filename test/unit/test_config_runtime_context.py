@@ -21,18 +21,12 @@ from sglang.srt.runtime_context import (
     get_serving,
     is_config_namespace_published,
     publish,
-    reset_context,
     restore_context,
     snapshot_context,
 )
 from sglang.srt.server_args import ServerArgs, resolution_result
 
-
-@pytest.fixture(autouse=True)
-def clean_context():
-    reset_context()
-    yield
-    reset_context()
+pytestmark = pytest.mark.usefixtures("clean_context")
 
 
 def published(**fields) -> ServerArgs:

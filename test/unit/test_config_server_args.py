@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from sglang.srt.runtime_context import get_context, publish, reset_context
+from sglang.srt.runtime_context import get_context, publish
 from sglang.srt.server_args import (
     ServerArgs,
     declare_late_resolution,
@@ -15,12 +15,7 @@ from sglang.srt.server_args import (
     resolution_sources,
 )
 
-
-@pytest.fixture(autouse=True)
-def clean_context():
-    reset_context()
-    yield
-    reset_context()
+pytestmark = pytest.mark.usefixtures("clean_context")
 
 
 def cpu_args(**fields) -> ServerArgs:

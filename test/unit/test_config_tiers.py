@@ -16,12 +16,7 @@ from sglang.srt.runtime_context import (
     snapshot_context,
 )
 
-
-@pytest.fixture(autouse=True)
-def clean_context():
-    reset_context()
-    yield
-    reset_context()
+pytestmark = pytest.mark.usefixtures("clean_context")
 
 
 def test_flags_are_typo_safe():

@@ -56,9 +56,11 @@ def iter_corpus(max_bytes: int | None = None) -> Iterator[str]:
         yield doc
 
 
-def _iter_documents() -> Iterator[str]:
+def _iter_documents(skip: frozenset[Path] = frozenset()) -> Iterator[str]:
     yield pydoc_topics_text()
     for path in stdlib_source_files():
+        if path in skip:
+            continue
         try:
             yield path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
@@ -67,20 +69,7 @@ def _iter_documents() -> Iterator[str]:
 
 def train_tokenizer(vocab_size: int = 8192, max_bytes: int = 4_000_000):
     """Train a byte-level BPE `tokenizers.Tokenizer` on the corpus (deterministic)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(iter_corpus(max_bytes), trainer=trainer)
-    return tokenizer
+    return train_tokenizer_on(iter_corpus(max_bytes), vocab_size)
 
 
 def save_tokenizer_files(tokenizer, out_dir: str | os.PathLike, model_max_length: int) -> None:
@@ -132,15 +121,7 @@ def heldout_documents() -> list[str]:
 def iter_train_documents() -> Iterator[str]:
     """The corpus of `iter_corpus` without the held-out files (pydoc topics first)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    heldout = {root / rel for rel in HELDOUT_STDLIB_FILES}
-    yield pydoc_topics_text()
-    for path in stdlib_source_files():
-        if path in heldout:
-            continue
-        try:
-            yield path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
+    yield from _iter_documents(frozenset(root / rel for rel in HELDOUT_STDLIB_FILES))
 
 
 def train_tokenizer_on(documents, vocab_size: int = 8192):

@@ -21,7 +21,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from sglang.srt.managers.io_struct import ChildFailed, ChildReady, GenerateReqInput
 from sglang.srt.managers.ipc import PortArgs
@@ -32,6 +32,17 @@ logger = logging.getLogger(__name__)
 
 CHILD_READY_TIMEOUT_S = 600.0
 WATCHDOG_POLL_S = 0.2
+
+
+class RequestOptions(TypedDict, total=False):
+    """The keyword options of `Engine.generate` / `async_generate` (GenerateReqInput's
+    defaults when absent); `rid` may be a list, one per prompt."""
+
+    return_logprob: bool
+    top_logprobs_num: int
+    logprob_start_len: int
+    return_text_in_logprobs: bool
+    rid: Any
 
 
 class ChildStartupError(RuntimeError):
@@ -238,24 +249,10 @@ class Engine:
         sampling_params: Any = None,
         input_ids: Any = None,
         stream: bool = False,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        logprob_start_len: int = -1,
-        return_text_in_logprobs: bool = False,
-        rid: Any = None,
+        **options: Unpack[RequestOptions],
     ) -> Any:
         """dict (one prompt), list of dicts (a list, or n > 1), or an iterator when streaming."""
-        reqs, is_batch = _build_requests(
-            prompt,
-            sampling_params,
-            input_ids,
-            stream,
-            return_logprob,
-            top_logprobs_num,
-            logprob_start_len,
-            return_text_in_logprobs,
-            rid,
-        )
+        reqs, is_batch = _build_requests(prompt, sampling_params, input_ids, stream, **options)
         if stream:
             return self._stream_sync(reqs)
         results = self._run(self._gather(reqs))
@@ -267,23 +264,9 @@ class Engine:
         sampling_params: Any = None,
         input_ids: Any = None,
         stream: bool = False,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        logprob_start_len: int = -1,
-        return_text_in_logprobs: bool = False,
-        rid: Any = None,
+        **options: Unpack[RequestOptions],
     ) -> Any:
-        reqs, is_batch = _build_requests(
-            prompt,
-            sampling_params,
-            input_ids,
-            stream,
-            return_logprob,
-            top_logprobs_num,
-            logprob_start_len,
-            return_text_in_logprobs,
-            rid,
-        )
+        reqs, is_batch = _build_requests(prompt, sampling_params, input_ids, stream, **options)
         if stream:
             return self._stream_async(reqs)
         results = await self._arun(self._gather(reqs))
@@ -412,25 +395,15 @@ async def _incremental(cumulative: AsyncIterator[dict]) -> AsyncIterator[dict]:
 
 
 def _build_requests(
-    prompt,
-    sampling_params,
-    input_ids,
-    stream,
-    return_logprob,
-    top_logprobs_num,
-    logprob_start_len,
-    return_text_in_logprobs,
-    rid,
-):
+    prompt: Any,
+    sampling_params: Any,
+    input_ids: Any,
+    stream: bool,
+    rid: Any = None,
+    **options: Any,
+) -> tuple[list[GenerateReqInput], bool]:
     """Expand prompts x n into single requests; returns (requests, is_batch)."""
-    if (prompt is None) == (input_ids is None):
-        raise ValueError("pass exactly one of prompt or input_ids")
-    if prompt is not None:
-        is_list = isinstance(prompt, list)
-        items = [{"text": p} for p in (prompt if is_list else [prompt])]
-    else:
-        is_list = bool(input_ids) and isinstance(input_ids[0], list)
-        items = [{"input_ids": ids} for ids in (input_ids if is_list else [input_ids])]
+    items, is_list = _prompt_items(prompt, input_ids)
     params = _per_prompt(sampling_params, len(items))
     rids = _per_prompt(rid, len(items)) if rid is not None else [None] * len(items)
     reqs: list[GenerateReqInput] = []
@@ -438,19 +411,24 @@ def _build_requests(
         sp = dict(sp or {})
         n = int(sp.pop("n", 1))
         for k in range(n):
+            sample_rid = (f"{r}-{k}" if n > 1 else r) if r is not None else uuid.uuid4().hex
             reqs.append(
                 GenerateReqInput(
-                    **item,
-                    sampling_params=dict(sp),
-                    stream=stream,
-                    return_logprob=return_logprob,
-                    top_logprobs_num=top_logprobs_num,
-                    logprob_start_len=logprob_start_len,
-                    return_text_in_logprobs=return_text_in_logprobs,
-                    rid=(f"{r}-{k}" if n > 1 else r) if r is not None else uuid.uuid4().hex,
+                    **item, sampling_params=dict(sp), stream=stream, rid=sample_rid, **options
                 )
             )
     return reqs, is_list or len(reqs) > 1
+
+
+def _prompt_items(prompt: Any, input_ids: Any) -> tuple[list[dict[str, Any]], bool]:
+    """One `{"text"}` or `{"input_ids"}` dict per prompt, and whether a list was given."""
+    if (prompt is None) == (input_ids is None):
+        raise ValueError("pass exactly one of prompt or input_ids")
+    if prompt is not None:
+        is_list = isinstance(prompt, list)
+        return [{"text": p} for p in (prompt if is_list else [prompt])], is_list
+    is_list = bool(input_ids) and isinstance(input_ids[0], list)
+    return [{"input_ids": ids} for ids in (input_ids if is_list else [input_ids])], is_list
 
 
 def _per_prompt(value: Any, count: int) -> list[Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,7 +21,13 @@ from pydantic import BaseModel
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
 from sglang.srt.entrypoints.openai.protocol import SamplingFields, UsageInfo
-from sglang.srt.entrypoints.openai.sampling import reject_structured_output
+from sglang.srt.entrypoints.openai.sampling import (
+    check_min_le_max,
+    check_vocab_ids,
+    for_choice,
+    reject_structured_output,
+    sampling_params,
+)
 from sglang.srt.entrypoints.openai.usage import usage_of
 
 if TYPE_CHECKING:
@@ -51,6 +57,15 @@ def choice_rids(request_id: str, user_rid: str | None, num_choices: int) -> list
         return [user_rid]
     base = user_rid or request_id
     return [f"{base}-{i}" for i in range(num_choices)]
+
+
+def plan_choices(
+    request_id: str, user_rid: str | None, params: dict[str, Any], num_prompts: int, n: int
+) -> list[tuple[int, dict[str, Any], str]]:
+    """(prompt index, sampling dict, rid) of each choice: choice k is sample k % n of
+    prompt k // n, and sample j of a seeded request samples with seed + j."""
+    rids = choice_rids(request_id, user_rid, num_prompts * n)
+    return [(k // n, for_choice(params, k % n), rid) for k, rid in enumerate(rids)]
 
 
 async def open_stream(
@@ -131,18 +146,63 @@ class OpenAIServingBase(ABC):
                 code="model_not_found",
             )
 
+    def _choice_params(self, request: SamplingFields, max_new_tokens: int | None) -> dict[str, Any]:
+        """Check the sampling fields against the limits and the vocab; the per-choice dict."""
+        check_min_le_max(request, max_new_tokens)
+        check_vocab_ids(request, self._vocab_size())
+        return sampling_params(request, max_new_tokens)
+
+    def _vocab_size(self) -> int | None:
+        return getattr(self.tokenizer_manager.model_config, "vocab_size", None)
+
     @abstractmethod
     def prepare(self, request: Any) -> Prepared: ...
 
-    @abstractmethod
     def build_response(
         self, request: Any, prepared: Prepared, outputs: list[dict[str, Any]]
+    ) -> BaseModel:
+        choices = [self._choice(request, prepared, i, out) for i, out in enumerate(outputs)]
+        return self.response_cls(
+            id=prepared.request_id,
+            model=request.model,
+            choices=choices,
+            usage=usage_of([out["meta_info"] for out in outputs], prepared.n),
+        )
+
+    async def stream_chunks(
+        self, request: Any, prepared: Prepared, fanout: ChoiceFanout
+    ) -> AsyncIterator[BaseModel]:
+        states = [ChoiceStream() for _ in prepared.objs]
+        usage = StreamUsage(request, prepared)
+        async for event in fanout.events():
+            usage.note(event.index, event.output["meta_info"])
+            state = states[event.index]
+            for chunk in self._delta_chunks(request, prepared, event.index, state, event.output):
+                yield usage.stamp(chunk)
+        if usage.final:
+            yield self.chunk_cls(
+                id=prepared.request_id, model=request.model, choices=[], usage=usage.usage()
+            )
+
+    # The route's response and stream-chunk models, and how one choice fills them.
+    response_cls: type[BaseModel]
+    chunk_cls: type[BaseModel]
+
+    @abstractmethod
+    def _choice(
+        self, request: Any, prepared: Prepared, index: int, output: dict[str, Any]
     ) -> BaseModel: ...
 
     @abstractmethod
-    def stream_chunks(
-        self, request: Any, prepared: Prepared, fanout: ChoiceFanout
-    ) -> AsyncIterator[BaseModel]: ...
+    def _delta_chunks(
+        self,
+        request: Any,
+        prepared: Prepared,
+        index: int,
+        state: ChoiceStream,
+        output: dict[str, Any],
+    ) -> Iterator[BaseModel]:
+        """The chunks of choice `index` for its latest cumulative `output`."""
 
 
 @dataclass

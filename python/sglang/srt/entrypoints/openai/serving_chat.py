@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sglang.srt.entrypoints.openai.errors import APIError
-from sglang.srt.entrypoints.openai.fanout import ChoiceFanout
 from sglang.srt.entrypoints.openai.logprobs import chat_logprobs, output_slices
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionChoice,
@@ -18,21 +17,14 @@ from sglang.srt.entrypoints.openai.protocol import (
     ChatMessageOut,
     DeltaMessage,
 )
-from sglang.srt.entrypoints.openai.sampling import (
-    check_min_le_max,
-    check_vocab_ids,
-    for_choice,
-    sampling_params,
-)
 from sglang.srt.entrypoints.openai.serving_base import (
     ChoiceStream,
     OpenAIServingBase,
     Prepared,
-    StreamUsage,
-    choice_rids,
     new_request_id,
+    plan_choices,
 )
-from sglang.srt.entrypoints.openai.usage import finish_reason_of, usage_of
+from sglang.srt.entrypoints.openai.usage import finish_reason_of
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.parser.chat_template import ChatTemplateError, render_chat
 
@@ -41,6 +33,9 @@ if TYPE_CHECKING:
 
 
 class OpenAIServingChat(OpenAIServingBase):
+    response_cls = ChatCompletionResponse
+    chunk_cls = ChatCompletionStreamResponse
+
     def __init__(
         self,
         tokenizer_manager: Any,
@@ -53,13 +48,10 @@ class OpenAIServingChat(OpenAIServingBase):
     def prepare(self, request: ChatCompletionRequest) -> Prepared:
         input_ids = self._prompt_ids(request)
         max_new_tokens = self._max_new_tokens(request, len(input_ids))
-        check_min_le_max(request, max_new_tokens)
-        check_vocab_ids(request, getattr(self.tokenizer_manager.model_config, "vocab_size", None))
-        params = sampling_params(request, max_new_tokens)
+        params = self._choice_params(request, max_new_tokens)
         request_id = new_request_id("chatcmpl")
-        rids = choice_rids(request_id, request.rid, request.n)
-        objs = [self._generate_input(request, input_ids, for_choice(params, j), rid)
-                for j, rid in enumerate(rids)]  # fmt: skip
+        choices = plan_choices(request_id, request.rid, params, 1, request.n)
+        objs = [self._generate_input(request, input_ids, p, rid) for _, p, rid in choices]
         return Prepared(request_id=request_id, objs=objs, n=request.n)
 
     def _prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
@@ -103,19 +95,8 @@ class OpenAIServingChat(OpenAIServingBase):
             return_text_in_logprobs=True,
         )
 
-    def build_response(
-        self, request: ChatCompletionRequest, prepared: Prepared, outputs: list[dict[str, Any]]
-    ) -> ChatCompletionResponse:
-        choices = [self._choice(request, i, out) for i, out in enumerate(outputs)]
-        return ChatCompletionResponse(
-            id=prepared.request_id,
-            model=request.model,
-            choices=choices,
-            usage=usage_of([out["meta_info"] for out in outputs], prepared.n),
-        )
-
     def _choice(
-        self, request: ChatCompletionRequest, index: int, output: dict[str, Any]
+        self, request: ChatCompletionRequest, prepared: Prepared, index: int, output: dict[str, Any]
     ) -> ChatCompletionChoice:
         meta = output["meta_info"]
         finish_reason, matched = finish_reason_of(meta)
@@ -135,25 +116,6 @@ class OpenAIServingChat(OpenAIServingBase):
         tokens, tops = output_slices(meta, start)
         return chat_logprobs(tokens, tops if request.top_logprobs else None, self.tokenizer)
 
-    async def stream_chunks(
-        self, request: ChatCompletionRequest, prepared: Prepared, fanout: ChoiceFanout
-    ) -> AsyncIterator[ChatCompletionStreamResponse]:
-        states = [ChoiceStream() for _ in prepared.objs]
-        usage = StreamUsage(request, prepared)
-        async for event in fanout.events():
-            state = states[event.index]
-            usage.note(event.index, event.output["meta_info"])
-            if not state.started:
-                state.started = True
-                role = DeltaMessage(role="assistant", content="")
-                yield usage.stamp(self._chunk(prepared, request, event.index, role))
-            for chunk in self._delta_chunks(request, prepared, event.index, state, event.output):
-                yield usage.stamp(chunk)
-        if usage.final:
-            yield ChatCompletionStreamResponse(
-                id=prepared.request_id, model=request.model, choices=[], usage=usage.usage()
-            )
-
     def _delta_chunks(
         self,
         request: ChatCompletionRequest,
@@ -162,6 +124,9 @@ class OpenAIServingChat(OpenAIServingBase):
         state: ChoiceStream,
         output: dict[str, Any],
     ) -> Iterator[ChatCompletionStreamResponse]:
+        if not state.started:
+            state.started = True
+            yield self._chunk(prepared, request, index, DeltaMessage(role="assistant", content=""))
         meta = output["meta_info"]
         delta = state.take_text(output["text"])
         logprobs = self._logprobs(request, meta, state.take_logprob_start(meta))

@@ -7,11 +7,10 @@ with `max_tokens` 0.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from typing import Any
 
 from sglang.srt.entrypoints.openai.errors import APIError
-from sglang.srt.entrypoints.openai.fanout import ChoiceFanout
 from sglang.srt.entrypoints.openai.logprobs import (
     completion_logprobs,
     merge_completion_logprobs,
@@ -25,21 +24,14 @@ from sglang.srt.entrypoints.openai.protocol import (
     CompletionStreamChoice,
     CompletionStreamResponse,
 )
-from sglang.srt.entrypoints.openai.sampling import (
-    check_min_le_max,
-    check_vocab_ids,
-    for_choice,
-    sampling_params,
-)
 from sglang.srt.entrypoints.openai.serving_base import (
     ChoiceStream,
     OpenAIServingBase,
     Prepared,
-    StreamUsage,
-    choice_rids,
     new_request_id,
+    plan_choices,
 )
-from sglang.srt.entrypoints.openai.usage import finish_reason_of, usage_of
+from sglang.srt.entrypoints.openai.usage import finish_reason_of
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
@@ -61,20 +53,18 @@ def split_prompts(prompt: Any) -> list[Prompt]:
 
 
 class OpenAIServingCompletion(OpenAIServingBase):
+    response_cls = CompletionResponse
+    chunk_cls = CompletionStreamResponse
+
     def prepare(self, request: CompletionRequest) -> Prepared:
         self._reject_unsupported(request)
         prompts = split_prompts(request.prompt)
         self._check_token_ids(prompts)
         max_new_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
-        check_min_le_max(request, max_new_tokens)
-        check_vocab_ids(request, self._vocab_size())
-        params = sampling_params(request, max_new_tokens)
+        params = self._choice_params(request, max_new_tokens)
         request_id = new_request_id("cmpl")
-        rids = choice_rids(request_id, request.rid, len(prompts) * request.n)
-        objs = [
-            self._generate_input(request, prompts[k // request.n], for_choice(params, k % request.n), rid)
-            for k, rid in enumerate(rids)
-        ]  # fmt: skip
+        choices = plan_choices(request_id, request.rid, params, len(prompts), request.n)
+        objs = [self._generate_input(request, prompts[i], p, rid) for i, p, rid in choices]
         echo_texts = [self._prompt_text(p) for p in prompts] if request.echo else []
         return Prepared(request_id=request_id, objs=objs, n=request.n, echo_texts=echo_texts)
 
@@ -84,9 +74,6 @@ class OpenAIServingCompletion(OpenAIServingBase):
             raise APIError("suffix is not supported", param="suffix", code="unsupported")
         if request.best_of is not None and request.best_of != request.n:
             raise APIError("best_of other than n is not supported", param="best_of")
-
-    def _vocab_size(self) -> int | None:
-        return getattr(self.tokenizer_manager.model_config, "vocab_size", None)
 
     def _check_token_ids(self, prompts: list[Prompt]) -> None:
         vocab_size = self._vocab_size()
@@ -113,17 +100,6 @@ class OpenAIServingCompletion(OpenAIServingBase):
             top_logprobs_num=request.logprobs or 0,
             logprob_start_len=0 if (want_logprobs and request.echo) else -1,
             return_text_in_logprobs=True,
-        )
-
-    def build_response(
-        self, request: CompletionRequest, prepared: Prepared, outputs: list[dict[str, Any]]
-    ) -> CompletionResponse:
-        choices = [self._choice(request, prepared, i, out) for i, out in enumerate(outputs)]
-        return CompletionResponse(
-            id=prepared.request_id,
-            model=request.model,
-            choices=choices,
-            usage=usage_of([out["meta_info"] for out in outputs], prepared.n),
         )
 
     def _echo(self, prepared: Prepared, index: int) -> str:
@@ -163,31 +139,14 @@ class OpenAIServingCompletion(OpenAIServingBase):
         tokens = meta.get("input_token_logprobs") or []
         return self._logprobs(request, tokens, meta.get("input_top_logprobs"), 0)
 
-    async def stream_chunks(
-        self, request: CompletionRequest, prepared: Prepared, fanout: ChoiceFanout
-    ) -> AsyncIterator[CompletionStreamResponse]:
-        states = [ChoiceStream() for _ in prepared.objs]
-        usage = StreamUsage(request, prepared)
-        async for event in fanout.events():
-            usage.note(event.index, event.output["meta_info"])
-            chunk = self._delta_chunk(
-                request, prepared, event.index, states[event.index], event.output
-            )
-            if chunk is not None:
-                yield usage.stamp(chunk)
-        if usage.final:
-            yield CompletionStreamResponse(
-                id=prepared.request_id, model=request.model, choices=[], usage=usage.usage()
-            )
-
-    def _delta_chunk(
+    def _delta_chunks(
         self,
         request: CompletionRequest,
         prepared: Prepared,
         index: int,
         state: ChoiceStream,
         output: dict[str, Any],
-    ) -> CompletionStreamResponse | None:
+    ) -> Iterator[CompletionStreamResponse]:
         meta = output["meta_info"]
         echo = "" if state.started else self._echo(prepared, index)
         logprobs = self._stream_logprobs(request, meta, state, len(echo))
@@ -195,12 +154,12 @@ class OpenAIServingCompletion(OpenAIServingBase):
         first, state.started = not state.started, True
         finish_reason, matched = finish_reason_of(meta)
         if not (text or first or finish_reason or (logprobs and logprobs.tokens)):
-            return None
+            return
         choice = CompletionStreamChoice(
             index=index, text=text, logprobs=logprobs, finish_reason=finish_reason,
             matched_stop=matched,
         )  # fmt: skip
-        return CompletionStreamResponse(
+        yield CompletionStreamResponse(
             id=prepared.request_id, model=request.model, choices=[choice]
         )
 

@@ -17,12 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
-from sglang.srt.entrypoints.openai.sampling import for_choice
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_STATUS,
-    choice_rids,
     new_request_id,
     open_stream,
+    plan_choices,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -78,9 +77,8 @@ def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
     if not prompts:
         raise APIError("the prompt list is empty", param="text")
     params = {k: v for k, v in (request.sampling_params or {}).items() if k != "n"}
-    rids = choice_rids(new_request_id("gen"), request.rid, len(prompts) * n)
-    return [_one_input(request, prompts[k // n], for_choice(params, k % n), rid)
-            for k, rid in enumerate(rids)]  # fmt: skip
+    choices = plan_choices(new_request_id("gen"), request.rid, params, len(prompts), n)
+    return [_one_input(request, prompts[i], p, rid) for i, p, rid in choices]
 
 
 def _one_input(
