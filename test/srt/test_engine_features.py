@@ -49,6 +49,7 @@ def test_single_and_batch_shapes(engine):
     one = engine.generate(PROMPT, greedy(5))
     assert set(one) == {"text", "output_ids", "meta_info"}
     assert len(one["output_ids"]) == 5 and one["meta_info"]["completion_tokens"] == 5
+    assert 0.0 <= one["meta_info"]["queue_time"] < 60.0  # arrival -> first prefill, seconds
     batch = engine.generate([PROMPT, "import os"], [greedy(3), greedy(4)])
     assert [len(o["output_ids"]) for o in batch] == [3, 4]
     assert batch[0]["output_ids"] == one["output_ids"][:3]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import httpx
@@ -209,6 +210,9 @@ def test_models_health_info_metrics(server, client):
                  "time_to_first_token_seconds_count", "e2e_request_latency_seconds_count",
                  "num_running_reqs", "token_usage", "cache_hit_rate"):  # fmt: skip
         assert f"sglang:{name}" in metrics
+    # the runtime's meta_info carries queue_time, so the histogram is filled
+    queued = re.search(r"^sglang:queue_time_seconds_count(?:\{[^}]*\})? (\S+)$", metrics, re.M)
+    assert queued is not None and float(queued.group(1)) > 0
 
 
 def _wait_idle(server, timeout_s: float = 20) -> int:

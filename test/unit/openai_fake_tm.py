@@ -126,6 +126,7 @@ class FakeTokenizerManager:
             "prompt_tokens": len(input_ids),
             "completion_tokens": len(ids),
             "cached_tokens": min(len(input_ids), 2),
+            "queue_time": 0.003,
             "finish_reason": reason,
         }
         if obj.return_logprob:

@@ -318,6 +318,7 @@ def test_metrics(client):
         assert f"sglang:{name}" in text, name
     assert "sglang:num_requests_total 2.0" in text
     assert "sglang:generation_tokens_total 5.0" in text
+    assert "sglang:queue_time_seconds_count 2.0" in text
 
 
 def test_api_key(tm):

@@ -171,6 +171,7 @@ class DetokenizerManager:
             prompt_tokens=msg.prompt_tokens,
             completion_tokens=msg.completion_tokens,
             cached_tokens=msg.cached_tokens,
+            queue_times=msg.queue_times,
             output_token_logprobs=msg.output_token_logprobs,
             output_top_logprobs=msg.output_top_logprobs,
             input_token_logprobs=msg.input_token_logprobs,

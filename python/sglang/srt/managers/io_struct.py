@@ -143,6 +143,8 @@ class BatchTokenIDOutput:
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
+    # Seconds from arrival at the scheduler to the first prefill; None before it.
+    queue_times: list[float | None]
     decode_params: list[DecodeParams | None]
     output_token_logprobs: list[list[tuple[float, int]]] | None = None
     output_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
@@ -170,6 +172,7 @@ class BatchStrOutput:
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
+    queue_times: list[float | None]
     output_token_logprobs: list[list[tuple[float, int]]] | None = None
     output_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
     input_token_logprobs: list[list[tuple[float | None, int]]] | None = None

@@ -12,6 +12,7 @@ While decoding, kv_len == len(all_ids) - 1.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,9 @@ class Req:
         self.is_chunked = False
         self.num_cached_tokens = 0
         self.admitted_once = False
+        # queue time: arrival at the scheduler -> first admission into a prefill batch
+        self.arrival_time_s = time.monotonic()
+        self.queue_time_s: float | None = None
         # streaming progress: output_ids[:send_offset] already sent
         self.send_offset = 0
         self.sent_decode_params = False

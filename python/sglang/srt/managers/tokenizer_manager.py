@@ -63,6 +63,7 @@ class ReqState:
     finished_reason: dict[str, Any] | None = None
     completion_tokens: int = 0
     cached_tokens: int = 0
+    queue_time_s: float | None = None
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
@@ -258,6 +259,8 @@ class TokenizerManager:
             "cached_tokens": state.cached_tokens,
             "finish_reason": state.finished_reason,
         }
+        if state.queue_time_s is not None:
+            meta["queue_time"] = state.queue_time_s
         if state.obj.return_logprob:
             self._add_logprob_meta(state, meta)
         return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
@@ -303,6 +306,7 @@ class TokenizerManager:
             state.output_ids.extend(msg.new_output_ids[i])
             state.completion_tokens = msg.completion_tokens[i]
             state.cached_tokens = msg.cached_tokens[i]
+            state.queue_time_s = msg.queue_times[i]
             if msg.output_token_logprobs is not None:
                 self._absorb_logprobs(state, msg, i)
             state.finished_reason = msg.finished_reasons[i]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -124,6 +125,8 @@ class SchedulerAdmissionMixin:
                 (req.req_pool_idx, slice(p, s)), out_cache_loc[offset : offset + n]
             )
             offset += n
+            if not req.admitted_once:
+                req.queue_time_s = time.monotonic() - req.arrival_time_s
             req.admitted_once = True
         admitted_ids = {id(r) for r in reqs}
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted_ids]

@@ -143,6 +143,7 @@ class SchedulerResultsMixin:
             prompt_tokens=[len(r.origin_input_ids) for r in reqs],
             completion_tokens=[len(r.output_ids) for r in reqs],
             cached_tokens=[r.num_cached_tokens for r in reqs],
+            queue_times=[r.queue_time_s for r in reqs],
             decode_params=[_decode_params_once(r) for r in reqs],
         )
         if any(r.logprobs is not None for r in reqs):
