@@ -101,6 +101,42 @@ def test_logprobs(engine):
     assert meta["input_token_logprobs"][0][0] is None
 
 
+@pytest.mark.parametrize("logprob_start_len", [0, 8, 11])
+def test_prompt_logprobs_across_chunk_boundaries(engine, tiny_llama_dir, logprob_start_len):
+    """Chunked prefill (8-token chunks) returns the same prompt logprobs as one
+    chunk: a continuation chunk's first position is scored from the previous chunk's
+    last row, never left None."""
+    import sglang as sgl
+
+    prompt_ids = [(37 * i) % 4000 + 20 for i in range(45)]  # 6 chunks of 8 (the last 5)
+    kwargs = dict(input_ids=prompt_ids, sampling_params=greedy(2), return_logprob=True,
+                  top_logprobs_num=2, logprob_start_len=logprob_start_len)  # fmt: skip
+    whole = engine.generate(**kwargs)["meta_info"]
+    chunked_engine = sgl.Engine(
+        model_path=str(tiny_llama_dir), num_threads=1, log_level="warning",
+        max_total_tokens=4096, chunked_prefill_size=8, context_length=256,
+    )  # fmt: skip
+    try:
+        chunked = chunked_engine.generate(**kwargs)["meta_info"]
+    finally:
+        chunked_engine.shutdown()
+    expected_len = len(prompt_ids) - logprob_start_len
+    for meta in (whole, chunked):
+        assert len(meta["input_token_logprobs"]) == expected_len
+        assert [t for _, t, _ in meta["input_token_logprobs"]] == prompt_ids[logprob_start_len:]
+    first_scored = 1 if logprob_start_len == 0 else 0  # prompt position 0 has no logprob
+    values = [[lp for lp, _, _ in m["input_token_logprobs"]] for m in (whole, chunked)]
+    assert all(v is None for v in values[1][:first_scored])
+    assert None not in values[0][first_scored:] and None not in values[1][first_scored:]
+    assert values[1][first_scored:] == pytest.approx(values[0][first_scored:], abs=1e-3)
+    tops = [[[t for _, t, _ in top or []] for top in m["input_top_logprobs"][first_scored:]]
+            for m in (whole, chunked)]  # fmt: skip
+    assert tops[0] == tops[1]
+    assert [t for _, t, _ in chunked["output_token_logprobs"]] == [
+        t for _, t, _ in whole["output_token_logprobs"]
+    ]
+
+
 def test_bad_input_raises_value_error(engine):
     with pytest.raises(ValueError, match="temperature"):
         engine.generate(PROMPT, {"temperature": -1.0})

@@ -104,10 +104,14 @@ class Req:
         return self.return_logprob and self.logprob_start_len >= 0 and not self.output_ids
 
     def max_prefix_len(self) -> int:
-        """At least one token must be computed (its logits give the next token)."""
+        """At least one token must be computed (its logits give the next token).
+
+        With input logprobs from position s, the prefix stops before s - 1: the
+        logprob of token s comes from the row of token s - 1, which must be computed
+        (a cached prefix carries no logits)."""
         limit = self.seq_len - 1
         if self.wants_input_logprobs():
-            limit = min(limit, self.logprob_start_len)
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
         return limit
 
     def __repr__(self) -> str:
@@ -172,10 +176,14 @@ def _extend_tokens(req: Req, prefix_len: int) -> list[int]:
 
 
 def _input_logprob_start(req: Req, prefix_len: int) -> int:
-    """First chunk position whose input logprob is wanted (extend_len = none)."""
+    """First chunk position whose input logprob is asked (extend_len = none).
+
+    While a request wants input logprobs, each chunk asks at least for its last
+    position, so the worker carries that row to score the next chunk's first token;
+    positions before `logprob_start_len` are dropped when the result comes back."""
     if not req.wants_input_logprobs():
         return req.extend_len
-    return min(max(req.logprob_start_len - prefix_len, 0), req.extend_len)
+    return min(max(req.logprob_start_len - prefix_len, 0), req.extend_len - 1)
 
 
 # ----------------------------------------------------------------------------

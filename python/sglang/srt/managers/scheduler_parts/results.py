@@ -122,10 +122,11 @@ class SchedulerResultsMixin:
         logprobs = result.input_token_logprobs[i]
         end = req.kv_len
         start = end - len(logprobs)
-        ids = req.origin_input_ids[start:end]
-        req.logprobs.input_token_logprobs.extend(zip(logprobs, ids))
+        skip = max(req.logprob_start_len - start, 0)  # asked only to carry the last row
+        ids = req.origin_input_ids[start + skip : end]
+        req.logprobs.input_token_logprobs.extend(zip(logprobs[skip:], ids))
         if req.top_logprobs_num and result.input_top_logprobs is not None:
-            req.logprobs.input_top_logprobs.extend(result.input_top_logprobs[i])
+            req.logprobs.input_top_logprobs.extend(result.input_top_logprobs[i][skip:])
 
     # ------------------------------------------------------------------ emission
 
