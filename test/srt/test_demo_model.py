@@ -81,8 +81,13 @@ def mean_nll(logits: torch.Tensor, windows: torch.Tensor) -> float:
 
 def unigram_nll(tokenizer, windows: torch.Tensor) -> float:
     """Add-one unigram estimated on the train split, scored on the same positions."""
-    counts = torch.bincount(encode_stream(tokenizer, corpus.iter_train_documents()),
-                            minlength=tokenizer.get_vocab_size()).double() + 1.0
+    counts = (
+        torch.bincount(
+            encode_stream(tokenizer, corpus.iter_train_documents()),
+            minlength=tokenizer.get_vocab_size(),
+        ).double()
+        + 1.0
+    )
     logp = torch.log(counts / counts.sum())
     return -logp[windows[:, 1:].reshape(-1)].mean().item()
 
@@ -122,7 +127,10 @@ def ours_and_hf():
 
     model_dir = str(demo_target_path())
     with get_context().override_server_args(
-        model_path=model_dir, device="cpu", dtype="float32", max_total_tokens=4096,
+        model_path=model_dir,
+        device="cpu",
+        dtype="float32",
+        max_total_tokens=4096,
         max_running_requests=8,
     ):
         worker = TpModelWorker(ModelConfig(model_dir, dtype="float32"))
@@ -144,9 +152,12 @@ def test_ours_prompt_logprobs_match_hf(ours_and_hf):
     sched.release(reqs)
     for prompt, ours in zip(prompts, result.input_token_logprobs):
         assert ours[0] is None and len(ours) == len(prompt)
-        torch.testing.assert_close(torch.tensor(ours[1:]),
-                                   torch.tensor(hf_prompt_logprobs(hf, prompt)),
-                                   atol=LOGPROB_TOL, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(ours[1:]),
+            torch.tensor(hf_prompt_logprobs(hf, prompt)),
+            atol=LOGPROB_TOL,
+            rtol=0,
+        )
 
 
 def test_ours_greedy_tokens_equal_hf(ours_and_hf):

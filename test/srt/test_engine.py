@@ -27,15 +27,19 @@ CONFIGS = {
 
 def mixed_prompts(vocab_size: int) -> list[list[int]]:
     rng = random.Random(7)
-    return [[rng.randrange(16, vocab_size) for _ in range(rng.randrange(4, 60))]
-            for _ in range(NUM_REQS)]
+    return [
+        [rng.randrange(16, vocab_size) for _ in range(rng.randrange(4, 60))]
+        for _ in range(NUM_REQS)
+    ]
 
 
 def shared_prefix_prompts(vocab_size: int) -> list[list[int]]:
     rng = random.Random(11)
     prefix = [rng.randrange(16, vocab_size) for _ in range(40)]
-    return [prefix + [rng.randrange(16, vocab_size) for _ in range(rng.randrange(1, 12))]
-            for _ in range(12)]
+    return [
+        prefix + [rng.randrange(16, vocab_size) for _ in range(rng.randrange(1, 12))]
+        for _ in range(12)
+    ]
 
 
 def reference_outputs(model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
@@ -46,7 +50,10 @@ def reference_outputs(model_dir: str, prompts: list[list[int]]) -> list[list[int
     from sglang.test.runner_utils import MiniReq, MiniScheduler
 
     with get_context().override_server_args(
-        model_path=model_dir, device="cpu", max_total_tokens=2048, max_running_requests=4,
+        model_path=model_dir,
+        device="cpu",
+        max_total_tokens=2048,
+        max_running_requests=4,
         num_threads=1,
     ):
         worker = TpModelWorker(ModelConfig(model_dir))
@@ -62,7 +69,7 @@ def workload(tiny_llama_dir):
     prompts = mixed_prompts(vocab)
     shared = shared_prefix_prompts(vocab)
     refs = reference_outputs(str(tiny_llama_dir), prompts + shared)
-    return prompts, refs[: len(prompts)], shared, refs[len(prompts):]
+    return prompts, refs[: len(prompts)], shared, refs[len(prompts) :]
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))

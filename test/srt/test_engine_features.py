@@ -18,8 +18,12 @@ def engine(tiny_llama_dir):
     import sglang as sgl
 
     llm = sgl.Engine(
-        model_path=str(tiny_llama_dir), num_threads=1, log_level="warning",
-        max_total_tokens=4096, max_running_requests=4, max_queued_requests=6,
+        model_path=str(tiny_llama_dir),
+        num_threads=1,
+        log_level="warning",
+        max_total_tokens=4096,
+        max_running_requests=4,
+        max_queued_requests=6,
         context_length=256,
     )
     yield llm
@@ -91,8 +95,9 @@ def test_stop_token_ids_and_stop_strings(engine):
 
 
 def test_logprobs(engine):
-    out = engine.generate(PROMPT, greedy(4), return_logprob=True, top_logprobs_num=2,
-                          logprob_start_len=0)
+    out = engine.generate(
+        PROMPT, greedy(4), return_logprob=True, top_logprobs_num=2, logprob_start_len=0
+    )
     meta = out["meta_info"]
     assert [t for _, t, _ in meta["output_token_logprobs"]] == out["output_ids"]
     assert all(lp <= 0 for lp, _, _ in meta["output_token_logprobs"])
@@ -187,8 +192,14 @@ def test_server_info_flush_cache_and_weight_update(engine, tiny_llama_dir):
     info = engine.get_server_info()
     assert info["model_path"] == str(tiny_llama_dir)
     state = info["internal_states"][0]
-    for key in ("num_running_reqs", "num_queued_reqs", "token_usage", "cache_hit_rate",
-                "chunked_prefill_size", "max_total_num_tokens"):
+    for key in (
+        "num_running_reqs",
+        "num_queued_reqs",
+        "token_usage",
+        "cache_hit_rate",
+        "chunked_prefill_size",
+        "max_total_num_tokens",
+    ):
         assert key in state
     assert engine.flush_cache() is True
     assert engine.get_server_info()["internal_states"][0]["cached_kv_tokens"] == 0

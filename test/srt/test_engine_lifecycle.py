@@ -29,8 +29,7 @@ def test_killing_the_scheduler_fails_pending_requests(tiny_llama_dir):
 
     def run():
         try:
-            llm.generate("x" * 10, {"temperature": 0.0, "ignore_eos": True,
-                                    "max_new_tokens": 1500})
+            llm.generate("x" * 10, {"temperature": 0.0, "ignore_eos": True, "max_new_tokens": 1500})
         except BaseException as exc:
             errors.append(exc)
 
@@ -67,8 +66,11 @@ def test_startup_failure_surfaces_child_message(tiny_llama_dir, tmp_path):
     assert "scheduler" in str(info.value) and "Traceback" in str(info.value)
     time.sleep(0.5)
     after = {p.pid for p in psutil.Process().children(recursive=True)}
-    leftover = [p for p in _alive(list(after - before))
-                if "resource_tracker" not in " ".join(psutil.Process(p).cmdline())]
+    leftover = [
+        p
+        for p in _alive(list(after - before))
+        if "resource_tracker" not in " ".join(psutil.Process(p).cmdline())
+    ]
     assert leftover == []
 
 
@@ -91,8 +93,10 @@ def test_role_namespaces(tiny_llama_dir, tmp_path, mode):
 def test_two_engines_in_one_process(tiny_llama_dir, tiny_qwen2_dir):
     import sglang as sgl
 
-    with sgl.Engine(model_path=str(tiny_llama_dir), **LIGHT) as a, \
-            sgl.Engine(model_path=str(tiny_qwen2_dir), **LIGHT) as b:
+    with (
+        sgl.Engine(model_path=str(tiny_llama_dir), **LIGHT) as a,
+        sgl.Engine(model_path=str(tiny_qwen2_dir), **LIGHT) as b,
+    ):
         ids = [[100, 200, 300, 400]]
         out_a = a.generate(input_ids=ids, sampling_params=GREEDY)[0]["output_ids"]
         out_b = b.generate(input_ids=ids, sampling_params=GREEDY)[0]["output_ids"]

@@ -22,7 +22,10 @@ def single_request_reference(model_dir: str) -> list[list[int]]:
     from sglang.test.runner_utils import MiniReq, MiniScheduler
 
     with get_context().override_server_args(
-        model_path=model_dir, device="cpu", max_total_tokens=1024, max_running_requests=2,
+        model_path=model_dir,
+        device="cpu",
+        max_total_tokens=1024,
+        max_running_requests=2,
         num_threads=1,
     ):
         sched = MiniScheduler(TpModelWorker(ModelConfig(model_dir)))
@@ -33,8 +36,13 @@ def test_tp2_matches_single_rank_and_survives_flush(tiny_llama_dir):
     import sglang as sgl
 
     refs = single_request_reference(str(tiny_llama_dir))
-    with sgl.Engine(model_path=str(tiny_llama_dir), tp_size=2, num_threads=1,
-                    log_level="warning", max_total_tokens=2048) as llm:
+    with sgl.Engine(
+        model_path=str(tiny_llama_dir),
+        tp_size=2,
+        num_threads=1,
+        log_level="warning",
+        max_total_tokens=2048,
+    ) as llm:
         outs = llm.generate(input_ids=PROMPTS, sampling_params=GREEDY)
         assert [o["output_ids"] for o in outs] == refs
         assert llm.flush_cache()

@@ -55,8 +55,9 @@ def make_scheduler(model_dir: str, **fields):
 def request(rid: str, ids: list[int], max_new: int = 5, stream: bool = False):
     params = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
     params.normalize()
-    return TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids,
-                                     sampling_params=params, stream=stream)
+    return TokenizedGenerateReqInput(
+        rid=rid, input_text=None, input_ids=ids, sampling_params=params, stream=stream
+    )
 
 
 def run_until_idle(sched, max_steps: int = 500) -> dict[str, list]:
@@ -94,13 +95,17 @@ def reference(tiny_llama_dir, prompts):
         ctx.restore()
 
 
-@pytest.mark.parametrize("fields", [
-    {"page_size": 4},
-    {"page_size": 4, "chunked_prefill_size": 8},
-    {"schedule_policy": "lpm"},
-    {"schedule_policy": "dfs-weight", "chunked_prefill_size": 16},
-    {"schedule_policy": "random", "max_total_tokens": 256},
-], ids=["page4", "page4-chunk8", "lpm", "dfs-weight-chunk16", "random-small-pool"])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"page_size": 4},
+        {"page_size": 4, "chunked_prefill_size": 8},
+        {"schedule_policy": "lpm"},
+        {"schedule_policy": "dfs-weight", "chunked_prefill_size": 16},
+        {"schedule_policy": "random", "max_total_tokens": 256},
+    ],
+    ids=["page4", "page4-chunk8", "lpm", "dfs-weight-chunk16", "random-small-pool"],
+)
 def test_outputs_match_across_configurations(tiny_llama_dir, prompts, reference, fields):
     sched, ctx = make_scheduler(str(tiny_llama_dir), **fields)
     try:
@@ -115,8 +120,9 @@ def test_outputs_match_across_configurations(tiny_llama_dir, prompts, reference,
 
 
 def test_abort_at_every_stage_and_stream_interval(tiny_llama_dir, prompts):
-    sched, ctx = make_scheduler(str(tiny_llama_dir), chunked_prefill_size=8,
-                                stream_interval=2, max_queued_requests=3)
+    sched, ctx = make_scheduler(
+        str(tiny_llama_dir), chunked_prefill_size=8, stream_interval=2, max_queued_requests=3
+    )
     q = sched.recv_from_tokenizer
     try:
         long_prompt = prompts[0] * 4

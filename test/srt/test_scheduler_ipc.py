@@ -23,10 +23,12 @@ def test_every_message_round_trips_through_the_codec():
         io_struct.GenerateReqInput(text="hi"),
         io_struct.TokenizedGenerateReqInput("r", None, [1, 2], SamplingParams()),
         io_struct.AbortReq("r"),
-        io_struct.BatchTokenIDOutput(["r"], [[1]], [None], [2], [1], [0], [0.25],
-                                     [io_struct.DecodeParams(stop_strs=("x",))]),
-        io_struct.BatchStrOutput(["r"], ["a"], [[1]], [{"type": "stop", "matched": 1}],
-                                 [2], [1], [0], [None]),
+        io_struct.BatchTokenIDOutput(
+            ["r"], [[1]], [None], [2], [1], [0], [0.25], [io_struct.DecodeParams(stop_strs=("x",))]
+        ),
+        io_struct.BatchStrOutput(
+            ["r"], ["a"], [[1]], [{"type": "stop", "matched": 1}], [2], [1], [0], [None]
+        ),
         io_struct.GetInternalStateReqOutput({"a": 1}),
         io_struct.ChildFailed("scheduler", 1, "Traceback ..."),
     ]

@@ -20,14 +20,21 @@ from sglang.demo_models import DEMO_DIR, demo_draft_path, demo_target_path
 from sglang.test import corpus
 
 REPO = Path(__file__).resolve().parents[2]
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json",
-                    "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+CHECKPOINT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 @functools.cache
 def load_script():
     spec = importlib.util.spec_from_file_location(
-        "train_demo_model", REPO / "scripts" / "train_demo_model.py")
+        "train_demo_model", REPO / "scripts" / "train_demo_model.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -99,8 +106,9 @@ def test_chat_template_renders_chatml():
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(demo_target_path()))
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tok.eos_token == "<|im_end|>"
 

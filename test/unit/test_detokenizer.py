@@ -51,18 +51,29 @@ def test_non_streaming_decodes_at_finish(tokenizer):
 
 def test_skip_special_tokens(tokenizer):
     text = "a<|im_end|>b"
-    keep = "".join(stream(IncrementalDetokenizer(tokenizer), tokenizer, text,
-                          DecodeParams(skip_special_tokens=False, stream=True)))
-    skip = "".join(stream(IncrementalDetokenizer(tokenizer), tokenizer, text,
-                          DecodeParams(skip_special_tokens=True, stream=True)))
+    keep = "".join(
+        stream(
+            IncrementalDetokenizer(tokenizer),
+            tokenizer,
+            text,
+            DecodeParams(skip_special_tokens=False, stream=True),
+        )
+    )
+    skip = "".join(
+        stream(
+            IncrementalDetokenizer(tokenizer),
+            tokenizer,
+            text,
+            DecodeParams(skip_special_tokens=True, stream=True),
+        )
+    )
     assert keep == text and skip == "ab"
 
 
 @pytest.mark.parametrize("no_stop_trim", [False, True])
 def test_stop_string_trimmed_and_held_back(tokenizer, no_stop_trim):
     params = DecodeParams(stream=True, stop_strs=("STOP",), no_stop_trim=no_stop_trim)
-    deltas = stream(IncrementalDetokenizer(tokenizer), tokenizer, "abc ST xyz STOP tail",
-                    params)
+    deltas = stream(IncrementalDetokenizer(tokenizer), tokenizer, "abc ST xyz STOP tail", params)
     out = "".join(deltas)
     assert out == ("abc ST xyz STOP" if no_stop_trim else "abc ST xyz ")
 

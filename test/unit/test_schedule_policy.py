@@ -53,27 +53,35 @@ def test_unknown_policy_is_rejected():
 
 
 def test_budget_chunks_and_stops():
-    budget = PrefillBudget(rem_total_tokens=1000, rem_input_tokens=1000,
-                           rem_chunk_tokens=16, rem_running_slots=8)
+    budget = PrefillBudget(
+        rem_total_tokens=1000, rem_input_tokens=1000, rem_chunk_tokens=16, rem_running_slots=8
+    )
     assert budget.grant(10, reserve_output=5) == 10
     assert budget.grant(40, reserve_output=5) == 6  # the chunk's remainder
     assert budget.stopped and budget.grant(1, 0) is None
 
 
 def test_budget_refuses_what_does_not_fit():
-    budget = PrefillBudget(rem_total_tokens=50, rem_input_tokens=1000,
-                           rem_chunk_tokens=None, rem_running_slots=8)
+    budget = PrefillBudget(
+        rem_total_tokens=50, rem_input_tokens=1000, rem_chunk_tokens=None, rem_running_slots=8
+    )
     assert budget.grant(40, reserve_output=20) is None
     assert budget.grant(20, reserve_output=20) == 20
-    budget = PrefillBudget(rem_total_tokens=10**6, rem_input_tokens=100,
-                           rem_chunk_tokens=None, rem_running_slots=1)
+    budget = PrefillBudget(
+        rem_total_tokens=10**6, rem_input_tokens=100, rem_chunk_tokens=None, rem_running_slots=1
+    )
     assert budget.grant(500, 0) == 500  # a first request may exceed max_prefill_tokens
     assert budget.grant(1, 0) is None  # no running slot left
 
 
 def test_page_aligned_chunks():
-    budget = PrefillBudget(rem_total_tokens=1000, rem_input_tokens=1000,
-                           rem_chunk_tokens=10, rem_running_slots=8, page_size=4)
+    budget = PrefillBudget(
+        rem_total_tokens=1000,
+        rem_input_tokens=1000,
+        rem_chunk_tokens=10,
+        rem_running_slots=8,
+        page_size=4,
+    )
     assert budget.grant(30, 0) == 8
 
 
@@ -89,15 +97,23 @@ def test_new_token_ratio_decays_and_resets():
 
 
 def test_pick_retractions_prefers_least_progress_and_keeps_one():
-    reqs = [make_req("a", n_in=10, n_out=5), make_req("b", n_in=50, n_out=1),
-            make_req("c", n_in=10, n_out=1)]
+    reqs = [
+        make_req("a", n_in=10, n_out=5),
+        make_req("b", n_in=50, n_out=1),
+        make_req("c", n_in=10, n_out=1),
+    ]
     victims = pick_retractions(reqs, need_tokens=3, free_tokens=0)
     assert victims[0].rid == "b"
     assert len(pick_retractions(reqs, need_tokens=10**6, free_tokens=0)) == 2
 
 
 def test_a_lone_request_is_admitted_without_its_output_reserve():
-    budget = PrefillBudget(rem_total_tokens=50, rem_input_tokens=1000,
-                           rem_chunk_tokens=None, rem_running_slots=8, has_running=False)
+    budget = PrefillBudget(
+        rem_total_tokens=50,
+        rem_input_tokens=1000,
+        rem_chunk_tokens=None,
+        rem_running_slots=8,
+        has_running=False,
+    )
     assert budget.grant(40, reserve_output=100) == 40
     assert budget.grant(5, reserve_output=100) is None

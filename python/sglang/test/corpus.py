@@ -79,8 +79,12 @@ def save_tokenizer_files(tokenizer, out_dir: str | os.PathLike, model_max_length
     tokenizer.save(str(out / "tokenizer.json"))
     added = {
         str(tokenizer.token_to_id(tok)): {
-            "content": tok, "lstrip": False, "normalized": False,
-            "rstrip": False, "single_word": False, "special": True,
+            "content": tok,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
         }
         for tok in SPECIAL_TOKENS
     }
@@ -106,9 +110,21 @@ def save_tokenizer_files(tokenizer, out_dir: str | os.PathLike, model_max_length
 # A fixed set of standard-library files the demo models never train on; the held-out
 # loss in the demo model card and in its tests is measured on these (in this order).
 HELDOUT_STDLIB_FILES = (
-    "textwrap.py", "fractions.py", "heapq.py", "shlex.py", "calendar.py", "difflib.py",
-    "json/decoder.py", "sched.py", "colorsys.py", "statistics.py", "graphlib.py",
-    "netrc.py", "queue.py", "zipapp.py", "email/quoprimime.py",
+    "textwrap.py",
+    "fractions.py",
+    "heapq.py",
+    "shlex.py",
+    "calendar.py",
+    "difflib.py",
+    "json/decoder.py",
+    "sched.py",
+    "colorsys.py",
+    "statistics.py",
+    "graphlib.py",
+    "netrc.py",
+    "queue.py",
+    "zipapp.py",
+    "email/quoprimime.py",
 )
 
 

@@ -21,12 +21,15 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from sglang.srt.managers.io_struct import ChildFailed, ChildReady, GenerateReqInput
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.utils import kill_process_tree
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger(__name__)
 

@@ -49,9 +49,16 @@ class Scheduler(
     SchedulerResultsMixin,
     SchedulerRequestsMixin,
 ):
-    def __init__(self, tp_worker: Any, model_config: Any, tokenizer: Any,
-                 recv_from_tokenizer: Any, send_to_detokenizer: Any, send_to_tokenizer: Any,
-                 tp_sync: TpSync | None = None):
+    def __init__(
+        self,
+        tp_worker: Any,
+        model_config: Any,
+        tokenizer: Any,
+        recv_from_tokenizer: Any,
+        send_to_detokenizer: Any,
+        send_to_tokenizer: Any,
+        tp_sync: TpSync | None = None,
+    ):
         self.tp_worker, self.model_config, self.tokenizer = tp_worker, model_config, tokenizer
         self.tp_sync = tp_sync or TpSync(1)
         self.recv_from_tokenizer = recv_from_tokenizer
@@ -106,8 +113,12 @@ class Scheduler(
         self._reserved_rows: list[int] = []
         if self.tp_sync.tp_size == 1:
             return
-        figures = [self.max_total_num_tokens, self.allocator.available_size(),
-                   self.req_to_token_pool.available_size(), self.max_running_requests]
+        figures = [
+            self.max_total_num_tokens,
+            self.allocator.available_size(),
+            self.req_to_token_pool.available_size(),
+            self.max_running_requests,
+        ]
         total, self._agreed_free_kv, self._agreed_rows, running = self.tp_sync.agree_min(figures)
         self.max_total_num_tokens, self.max_running_requests = total, running
         self.reserve_excess()
@@ -127,7 +138,9 @@ class Scheduler(
     def reserved_figures(self) -> tuple[int, int]:
         """(KV slots, request rows) held back by reserve_excess."""
         slots = self._reserved_slots
-        num_slots = 0 if slots is None else -(-int(slots.numel()) // self.page_size) * self.page_size
+        num_slots = (
+            0 if slots is None else -(-int(slots.numel()) // self.page_size) * self.page_size
+        )
         return num_slots, len(self._reserved_rows)
 
     def _init_state(self) -> None:
@@ -181,8 +194,9 @@ class Scheduler(
                 time.sleep(min(timeout_s / 4, 5.0))
                 started = self._forward_started_at
                 if started is not None and time.monotonic() - started > timeout_s:
-                    logger.error("a forward pass ran past watchdog_timeout=%.0f s; exiting",
-                                 timeout_s)
+                    logger.error(
+                        "a forward pass ran past watchdog_timeout=%.0f s; exiting", timeout_s
+                    )
                     os._exit(1)
 
         threading.Thread(target=watch, name="scheduler-watchdog", daemon=True).start()
@@ -319,6 +333,7 @@ def _build(port_args: Any, tp_rank: int):
         )
     else:
         endpoints = (NullEndpoint(), NullEndpoint(), NullEndpoint())
-    scheduler = Scheduler(tp_worker, model_config, load_tokenizer(), *endpoints,
-                          tp_sync=TpSync(tp_size))
+    scheduler = Scheduler(
+        tp_worker, model_config, load_tokenizer(), *endpoints, tp_sync=TpSync(tp_size)
+    )
     return scheduler.ready_info(), scheduler.event_loop

@@ -36,6 +36,7 @@ from sglang.srt.managers.ipc import AsyncPullEndpoint, PushEndpoint
 
 logger = logging.getLogger(__name__)
 
+
 def load_tokenizer() -> Any:
     """The HF tokenizer named by the published `model` bag (None if skipped)."""
     from transformers import AutoTokenizer
@@ -191,9 +192,16 @@ class TokenizerManager:
     def _log_finished(self, state: ReqState) -> None:
         obj = state.obj
         prompt = obj.text if obj.text is not None else obj.input_ids
-        logger.info("request %s: prompt=%.200r output=%.200r prompt_tokens=%d "
-                    "completion_tokens=%d finish=%s", obj.rid, prompt, state.text,
-                    state.prompt_tokens, state.completion_tokens, state.finished_reason)
+        logger.info(
+            "request %s: prompt=%.200r output=%.200r prompt_tokens=%d "
+            "completion_tokens=%d finish=%s",
+            obj.rid,
+            prompt,
+            state.text,
+            state.prompt_tokens,
+            state.completion_tokens,
+            state.finished_reason,
+        )
 
     def _tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
         from sglang.srt.sampling.sampling_params import SamplingParams

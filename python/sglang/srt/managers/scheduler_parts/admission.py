@@ -131,5 +131,6 @@ class SchedulerAdmissionMixin:
         admitted_ids = {id(r) for r in reqs}
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted_ids]
         self.chunked_req = None
-        return PrefillBatch(reqs=reqs, out_cache_loc=out_cache_loc.to(torch.int64),
-                            prefix_lens=prefix_lens)
+        return PrefillBatch(
+            reqs=reqs, out_cache_loc=out_cache_loc.to(torch.int64), prefix_lens=prefix_lens
+        )

@@ -69,8 +69,7 @@ class SchedulerMemoryMixin:
     def _last_locs(self, req_pool_indices: list[int], prefix_lens: list[int]) -> list[int]:
         table = self.req_to_token_pool.req_to_token
         return [
-            int(table[idx, p - 1]) if p > 0 else -1
-            for idx, p in zip(req_pool_indices, prefix_lens)
+            int(table[idx, p - 1]) if p > 0 else -1 for idx, p in zip(req_pool_indices, prefix_lens)
         ]
 
     def decode_fits(self) -> bool:

@@ -174,8 +174,12 @@ def _attach_logprobs(msg: BatchTokenIDOutput, reqs: list[Req]) -> None:
     for req in reqs:
         lp = req.logprobs
         if lp is None:
-            for lst in (msg.output_token_logprobs, msg.output_top_logprobs,
-                        msg.input_token_logprobs, msg.input_top_logprobs):
+            for lst in (
+                msg.output_token_logprobs,
+                msg.output_top_logprobs,
+                msg.input_token_logprobs,
+                msg.input_top_logprobs,
+            ):
                 lst.append([])
             continue
         start = req.send_offset

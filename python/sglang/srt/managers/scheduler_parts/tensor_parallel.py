@@ -35,8 +35,11 @@ def init_tensor_parallel(tp_size: int, tp_rank: int, init_method: str, device: s
     )
 
     init_distributed_environment(
-        world_size=tp_size, rank=tp_rank, distributed_init_method=init_method,
-        local_rank=tp_rank, backend=default_backend(device),
+        world_size=tp_size,
+        rank=tp_rank,
+        distributed_init_method=init_method,
+        local_rank=tp_rank,
+        backend=default_backend(device),
     )
     initialize_model_parallel(tp_size)
 
