@@ -68,6 +68,11 @@ def plan_choices(
     return [(k // n, for_choice(params, k % n), rid) for k, rid in enumerate(rids)]
 
 
+def prompt_fields(prompt: str | list[int]) -> dict[str, Any]:
+    """A text or token-id prompt as GenerateReqInput's `text` or `input_ids`."""
+    return {"text": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
+
+
 async def open_stream(
     fanout: ChoiceFanout, chunks: AsyncIterator[BaseModel | dict[str, Any]]
 ) -> StreamingResponse:

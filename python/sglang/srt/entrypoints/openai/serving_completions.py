@@ -30,6 +30,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     Prepared,
     new_request_id,
     plan_choices,
+    prompt_fields,
 )
 from sglang.srt.entrypoints.openai.usage import finish_reason_of
 from sglang.srt.managers.io_struct import GenerateReqInput
@@ -91,8 +92,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
     ) -> GenerateReqInput:
         want_logprobs = request.logprobs is not None
         return GenerateReqInput(
-            text=prompt if isinstance(prompt, str) else None,
-            input_ids=None if isinstance(prompt, str) else prompt,
+            **prompt_fields(prompt),
             sampling_params=params,
             rid=rid,
             stream=True,

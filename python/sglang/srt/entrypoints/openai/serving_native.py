@@ -22,6 +22,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     new_request_id,
     open_stream,
     plan_choices,
+    prompt_fields,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -85,8 +86,7 @@ def _one_input(
     request: GenerateRequest, prompt: str | list[int], params: dict[str, Any], rid: str
 ) -> GenerateReqInput:
     return GenerateReqInput(
-        text=prompt if isinstance(prompt, str) else None,
-        input_ids=None if isinstance(prompt, str) else prompt,
+        **prompt_fields(prompt),
         sampling_params=params,
         rid=rid,
         stream=True,
