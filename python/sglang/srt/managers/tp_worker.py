@@ -7,6 +7,7 @@ The scheduler builds a `ModelWorkerBatch` (plain data) and gets back a
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -18,36 +19,20 @@ from sglang.srt.model_executor.forward_batch_info import (
     GenerationBatchResult,
     ModelWorkerBatch,
 )
-from sglang.srt.model_executor.model_runner import ModelRunner, RunnerSettings
+from sglang.srt.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
 
 class TpModelWorker:
-    def __init__(
-        self,
-        model_config: ModelConfig | None = None,
-        *,
-        tp_rank: int = 0,
-        is_draft_worker: bool = False,
-        context_length: int | None = None,
-        load_format: str | None = None,
-        attention_backend: str | None = None,
-        settings: RunnerSettings | None = None,
-    ) -> None:
-        """`model_config` None = ModelConfig.from_server_args(); the rest from the bags."""
+    def __init__(self, model_config: ModelConfig | None = None, **runner_kwargs: Any) -> None:
+        """`model_config` None = ModelConfig.from_server_args(); `runner_kwargs` are
+        ModelRunner's keywords (tp_rank, is_draft_worker, context_length, load_format,
+        attention_backend, settings); the rest comes from the bags."""
         self.model_config = model_config or ModelConfig.from_server_args()
-        self.tp_rank = tp_rank
-        self.is_draft_worker = is_draft_worker
-        self.model_runner = ModelRunner(
-            self.model_config,
-            tp_rank=tp_rank,
-            is_draft_worker=is_draft_worker,
-            context_length=context_length,
-            load_format=load_format,
-            attention_backend=attention_backend,
-            settings=settings,
-        )
+        self.model_runner = ModelRunner(self.model_config, **runner_kwargs)
+        self.tp_rank = self.model_runner.tp_rank
+        self.is_draft_worker = self.model_runner.is_draft_worker
 
     # -- facts the scheduler sizes itself by ---------------------------------------------
 
