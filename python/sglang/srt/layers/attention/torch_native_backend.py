@@ -3,7 +3,7 @@
 Works on any device. A ragged batch is padded to a dense [bs, heads, len, dim]
 layout with a boolean mask; all index tensors and masks are built once per
 forward in `init_forward_metadata`, so a layer costs a KV write, one gather
-and one SDPA call.
+and one SDPA call (decode: one per cache-sized chunk of requests).
 """
 
 from __future__ import annotations
@@ -22,18 +22,20 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _DecodeGroup:
-    """Requests of similar length, padded to one SDPA call."""
+class _DecodeChunk:
+    """Consecutive requests (in length order) whose gathered K/V stay cache-sized."""
 
-    rows: torch.Tensor | None  # int64[g]: their rows in the batch; None = the whole batch
-    kv_indices: torch.Tensor  # int64[g, max_seq_len]; padding -> slot 0
-    mask: torch.Tensor | None  # bool[g, 1, 1, max_seq_len]; None when all lengths agree
-    chunks: list[slice]  # sub-batches whose gathered K/V stay cache-sized
+    rows: slice  # their rows in the length-sorted batch
+    kv_indices: torch.Tensor  # int64[n * max_len]: slot ids, row-major; padding -> slot 0
+    max_len: int
+    mask: torch.Tensor | None  # bool[n, 1, 1, max_len]; None when all lengths agree
 
 
 @dataclass
 class _DecodeMetadata:
-    groups: list[_DecodeGroup]
+    order: torch.Tensor | None  # int64[bs]: batch rows by descending length; None = as is
+    inverse: torch.Tensor | None  # int64[bs]: sorted position of each batch row
+    chunks: list[_DecodeChunk]
 
 
 @dataclass
@@ -64,7 +66,8 @@ class _RaggedExtendMetadata:
 # Pad a ragged extend batch to one SDPA call unless padding multiplies the work by more
 _MAX_PAD_WASTE = 2.0
 # Decode gathers K/V for this many bytes of requests at a time: attention then reads the
-# gathered copy from cache instead of memory (about 20% faster on CPU at batch 64)
+# gathered copy from cache instead of memory (about 20% faster on CPU at batch 64).
+# Requests are taken in length order, so each chunk pads only to its own longest
 _DECODE_CHUNK_BYTES = 2 << 20
 
 
@@ -72,6 +75,9 @@ class TorchNativeAttnBackend(AttentionBackend):
     def __init__(self, runner) -> None:
         self.device = runner.device
         self.metadata: _DecodeMetadata | _ExtendMetadata | None = None
+        # decode gathers each chunk's K/V into this one buffer, so the copy stays in cache
+        # (a fresh 2 MB tensor per chunk costs page faults): [slots, 2, Hkv, D]
+        self.gather_buffer: torch.Tensor | None = None
 
     # -- per forward --------------------------------------------------------------------
 
@@ -92,28 +98,32 @@ class TorchNativeAttnBackend(AttentionBackend):
         return idx.masked_fill(~valid, 0), valid
 
     def _decode_metadata(self, fb: ForwardBatch) -> _DecodeMetadata:
-        groups = _length_groups(fb.seq_lens_cpu)
-        if len(groups) == 1:
-            return _DecodeMetadata([self._decode_group(fb, None, fb.seq_lens_cpu)])
+        """Requests sorted by length and cut into chunks, each padded to its own longest."""
         lens = fb.seq_lens_cpu
-        return _DecodeMetadata([self._decode_group(fb, g, [lens[i] for i in g]) for g in groups])
-
-    def _decode_group(
-        self, fb: ForwardBatch, rows: list[int] | None, lens: list[int]
-    ) -> _DecodeGroup:
-        max_len = max(lens)
+        order_list = sorted(range(len(lens)), key=lambda i: -lens[i])
+        sorted_lens = [lens[i] for i in order_list]
+        order = inverse = None
         pool_idx, seq_lens = fb.req_pool_indices, fb.seq_lens
-        rows_t = None
-        if rows is not None:
-            rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
-            pool_idx, seq_lens = pool_idx.index_select(0, rows_t), seq_lens.index_select(0, rows_t)
-        idx, valid = self._kv_indices(fb.req_to_token_pool, pool_idx, seq_lens, max_len)
-        mask = None if min(lens) == max_len else valid[:, None, None, :]
+        if order_list != list(range(len(lens))):
+            order = torch.tensor(order_list, dtype=torch.int64, device=self.device)
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(len(lens), device=self.device)
+            pool_idx, seq_lens = pool_idx.index_select(0, order), seq_lens.index_select(0, order)
+        idx, valid = self._kv_indices(fb.req_to_token_pool, pool_idx, seq_lens, sorted_lens[0])
         kv = fb.token_to_kv_pool.get_kv_buffer(0)
         slot_bytes = kv[0].numel() * kv.element_size()
-        per_chunk = max(1, _DECODE_CHUNK_BYTES // (max_len * slot_bytes))
-        chunks = [slice(i, i + per_chunk) for i in range(0, len(lens), per_chunk)]
-        return _DecodeGroup(rows_t, idx, mask, chunks)
+        chunks = []
+        for rows in _chunk_rows(sorted_lens, _DECODE_CHUNK_BYTES // slot_bytes):
+            top, bottom = sorted_lens[rows.start], sorted_lens[rows.stop - 1]
+            mask = None if top == bottom else valid[rows, None, None, :top]
+            chunks.append(_DecodeChunk(rows, idx[rows, :top].reshape(-1), top, mask))
+        self._reserve_gather_buffer(kv, max(c.kv_indices.numel() for c in chunks))
+        return _DecodeMetadata(order, inverse, chunks)
+
+    def _reserve_gather_buffer(self, kv: torch.Tensor, num_slots: int) -> None:
+        buf = self.gather_buffer
+        if buf is None or buf.shape[0] < num_slots or buf.shape[1:] != kv.shape[1:]:
+            self.gather_buffer = kv.new_empty(num_slots, *kv.shape[1:])
 
     def _extend_metadata(self, fb: ForwardBatch) -> _ExtendMetadata | _RaggedExtendMetadata:
         ext, pre = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu
@@ -164,29 +174,15 @@ class TorchNativeAttnBackend(AttentionBackend):
             )
         # the query heads sharing a KV head become rows: [bs, Hkv, Hq / Hkv, D]
         qg = q.view(bs, hkv, hq // hkv, d)
+        if md.order is not None:
+            qg = qg.index_select(0, md.order)
         kv_buffer = pool.get_kv_buffer(layer.layer_id)
-        if len(md.groups) == 1:
-            return self._decode_group_attn(qg, kv_buffer, md.groups[0], layer).reshape(bs, -1)
-        out = q.new_empty(bs, hkv, hq // hkv, d)
-        for group in md.groups:
-            q_rows = qg.index_select(0, group.rows)
-            out.index_copy_(0, group.rows, self._decode_group_attn(q_rows, kv_buffer, group, layer))
+        out = torch.empty_like(qg)  # [bs, Hkv, Hq / Hkv, D], in length order
+        for c in md.chunks:
+            out[c.rows] = _decode_attn(qg[c.rows], kv_buffer, c, self.gather_buffer, layer.scaling)
+        if md.inverse is not None:
+            out = out.index_select(0, md.inverse)
         return out.reshape(bs, hq * d)
-
-    @staticmethod
-    def _decode_group_attn(
-        qg: torch.Tensor, kv_buffer: torch.Tensor, group: _DecodeGroup, layer: RadixAttention
-    ) -> torch.Tensor:
-        """qg: [g, Hkv, Hq / Hkv, D] -> same shape, one cache-sized chunk of requests at a time."""
-        if len(group.chunks) == 1:
-            return _decode_attn(qg, kv_buffer, group.kv_indices, group.mask, layer.scaling)
-        out = torch.empty_like(qg)
-        for rows in group.chunks:
-            mask = None if group.mask is None else group.mask[rows]
-            out[rows] = _decode_attn(
-                qg[rows], kv_buffer, group.kv_indices[rows], mask, layer.scaling
-            )
-        return out
 
     def forward_extend(
         self,
@@ -267,32 +263,31 @@ class TorchNativeAttnBackend(AttentionBackend):
 def _decode_attn(
     qg: torch.Tensor,
     kv_buffer: torch.Tensor,
-    kv_indices: torch.Tensor,
-    mask: torch.Tensor | None,
+    chunk: _DecodeChunk,
+    gather_buffer: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """qg: [n, Hkv, Hq / Hkv, D]; kv_indices: int64[n, S] -> [n, Hkv, Hq / Hkv, D]."""
-    kv = _gather(kv_buffer, kv_indices)  # [n, S, 2, Hkv, D]
-    keys = kv[:, :, 0].transpose(1, 2).to(qg.dtype)  # [n, Hkv, S, D]
-    values = kv[:, :, 1].transpose(1, 2).to(qg.dtype)
-    return F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
+    """qg: [n, Hkv, Hq / Hkv, D] -> [n, Hkv, Hq / Hkv, D], over the chunk's gathered K/V."""
+    n, num_slots = qg.shape[0], chunk.kv_indices.numel()
+    kv = gather_buffer[:num_slots]  # [n * S, 2, Hkv, D]
+    torch.index_select(kv_buffer, 0, chunk.kv_indices, out=kv)
+    kv = kv.view(n, chunk.max_len, *kv_buffer.shape[1:])
+    keys = kv[:, :, 0].transpose(1, 2)  # [n, Hkv, S, D]
+    values = kv[:, :, 1].transpose(1, 2)
+    if keys.dtype != qg.dtype:
+        keys, values = keys.to(qg.dtype), values.to(qg.dtype)
+    return F.scaled_dot_product_attention(qg, keys, values, attn_mask=chunk.mask, scale=scale)
 
 
-def _length_groups(seq_lens: list[int]) -> list[list[int]]:
-    """Batch rows grouped by length so padding each group wastes at most _MAX_PAD_WASTE."""
-    order = sorted(range(len(seq_lens)), key=lambda i: -seq_lens[i])
-    groups: list[list[int]] = []
-    total = 0
-    for i in order:
-        if groups and (len(groups[-1]) + 1) * seq_lens[groups[-1][0]] <= _MAX_PAD_WASTE * (
-            total + seq_lens[i]
-        ):
-            groups[-1].append(i)
-            total += seq_lens[i]
-        else:
-            groups.append([i])
-            total = seq_lens[i]
-    return groups
+def _chunk_rows(sorted_lens: list[int], slots_per_chunk: int) -> list[slice]:
+    """Cut requests sorted by descending length into runs whose padded K/V
+    (count x first length) fit `slots_per_chunk` slots; at least one request each."""
+    chunks, start = [], 0
+    while start < len(sorted_lens):
+        count = max(1, slots_per_chunk // sorted_lens[start])
+        chunks.append(slice(start, min(start + count, len(sorted_lens))))
+        start += count
+    return chunks
 
 
 def _gather(kv_buffer: torch.Tensor, kv_indices: torch.Tensor) -> torch.Tensor:
