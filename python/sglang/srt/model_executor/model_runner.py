@@ -243,11 +243,11 @@ def _check_same_shape(old: ModelConfig, new: ModelConfig) -> None:
 
 def default_cpu_threads() -> int:
     """Torch threads for a CPU runner when --num-threads is unset: the physical cores this
-    process may use, less one for the tokenizer, detokenizer and HTTP processes.
+    process may use (on 2 idle cores, 2 threads: 1.45x the output tok/s of 1 end to end).
 
-    An OpenMP team waits at every op for its slowest thread, so one thread sharing a
-    core with a busy process stalls them all: measured on 2 cores with the other one
-    busy, a decode step at batch 64 took 727 ms with 2 threads and 26 ms with 1.
+    An OpenMP team waits at every op for its slowest thread, so a thread sharing a core
+    with another CPU-bound process stalls them all (batch-64 decode step: 727 ms at 2
+    threads vs 26 ms at 1 with the other core busy): set --num-threads on a shared machine.
     """
     import os
 
@@ -256,8 +256,7 @@ def default_cpu_threads() -> int:
     usable = len(os.sched_getaffinity(0))
     physical = psutil.cpu_count(logical=False) or usable
     logical = psutil.cpu_count(logical=True) or usable
-    cores = max(1, usable * physical // logical)  # SMT siblings share a core's FMA units
-    return max(1, cores - 1)
+    return max(1, usable * physical // logical)  # SMT siblings share a core's FMA units
 
 
 def available_memory_bytes(device: torch.device) -> float:
