@@ -57,3 +57,22 @@ def test_push_pull_endpoints():
         push.close()
         pull.close()
         ctx.term()
+
+
+def test_detokenizer_reply_carries_every_per_request_field():
+    tok = io_struct.BatchTokenIDOutput(
+        ["r"],
+        [[1]],
+        [None],
+        [2],
+        [1],
+        [0],
+        [0.25],
+        [None],
+        output_token_logprobs=[[(-0.5, 1)]],
+    )
+    out = io_struct.BatchStrOutput.from_token_output(tok, ["a"])
+    assert out.new_texts == ["a"]
+    for f in dataclasses.fields(io_struct.BatchStrOutput):
+        if f.name != "new_texts":
+            assert getattr(out, f.name) == getattr(tok, f.name), f.name

@@ -163,20 +163,7 @@ class DetokenizerManager:
         deltas = self.detok.step(
             msg.rids, msg.new_output_ids, msg.finished_reasons, msg.decode_params
         )
-        return BatchStrOutput(
-            rids=msg.rids,
-            new_texts=deltas,
-            new_output_ids=msg.new_output_ids,
-            finished_reasons=msg.finished_reasons,
-            prompt_tokens=msg.prompt_tokens,
-            completion_tokens=msg.completion_tokens,
-            cached_tokens=msg.cached_tokens,
-            queue_times=msg.queue_times,
-            output_token_logprobs=msg.output_token_logprobs,
-            output_top_logprobs=msg.output_top_logprobs,
-            input_token_logprobs=msg.input_token_logprobs,
-            input_top_logprobs=msg.input_top_logprobs,
-        )
+        return BatchStrOutput.from_token_output(msg, deltas)
 
     def event_loop(self) -> None:
         while True:

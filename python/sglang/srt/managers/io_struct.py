@@ -16,7 +16,7 @@ data (lists, ints, strings, small dataclasses); tensors never cross ZMQ.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 # ----------------------------------------------------------------------------
@@ -177,6 +177,16 @@ class BatchStrOutput:
     output_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
     input_token_logprobs: list[list[tuple[float | None, int]]] | None = None
     input_top_logprobs: list[list[list[tuple[float, int]] | None]] | None = None
+
+    @classmethod
+    def from_token_output(cls, msg: BatchTokenIDOutput, new_texts: list[str]) -> BatchStrOutput:
+        """The detokenizer's reply: `msg`'s per-request fields passed through, plus the text.
+
+        Every field but `new_texts` has a namesake on BatchTokenIDOutput, so a field
+        added to both messages travels without touching the detokenizer.
+        """
+        shared = {f.name: getattr(msg, f.name) for f in fields(cls) if f.name != "new_texts"}
+        return cls(new_texts=new_texts, **shared)
 
 
 # ----------------------------------------------------------------------------
