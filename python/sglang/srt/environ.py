@@ -151,6 +151,20 @@ class Envs:
     SGLANG_HEALTH_CHECK_TIMEOUT = EnvVar(
         "SGLANG_HEALTH_CHECK_TIMEOUT", "float", 20.0, "Seconds /health_generate waits for a token."
     )
+    SGLANG_HEALTH_TIMEOUT = EnvVar(
+        "SGLANG_HEALTH_TIMEOUT",
+        "float",
+        5.0,
+        "Seconds /health waits for the scheduler to answer before it answers 503 "
+        "(a scheduler that produced output within this window counts as answering).",
+    )
+    SGLANG_FAULT_INJECT = EnvVar(
+        "SGLANG_FAULT_INJECT",
+        "str",
+        None,
+        "Testing only: `<site>:<marker>` makes <site> (forward, detokenize) raise for "
+        "requests whose prompt text contains <marker>, to exercise fault containment.",
+    )
     SGLANG_CHILD_READY_TIMEOUT = EnvVar(
         "SGLANG_CHILD_READY_TIMEOUT",
         "float",
