@@ -163,7 +163,7 @@ class Envs:
         "str",
         None,
         "Testing only: `<site>:<marker>` makes <site> (forward, detokenize) raise for "
-        "requests whose prompt text contains <marker>, to exercise fault containment.",
+        "requests whose rid contains <marker>, to exercise fault containment.",
     )
     SGLANG_CHILD_READY_TIMEOUT = EnvVar(
         "SGLANG_CHILD_READY_TIMEOUT",
