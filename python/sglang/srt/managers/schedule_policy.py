@@ -68,9 +68,23 @@ def _dfs_weight_order(waiting: list[Req], last_nodes: dict[int, Any]) -> list[Re
     return out
 
 
+def page_span(start: int, end: int, page_size: int = 1) -> int:
+    """KV slots the allocator hands out for positions [start, end) of a request
+    that already holds [0, start): whole pages, the tail of its last page first."""
+    if end <= start:
+        return 0
+    if page_size == 1:
+        return end - start
+    return (-(-end // page_size) - -(-start // page_size)) * page_size
+
+
 @dataclass
 class PrefillBudget:
-    """What one prefill batch may still take (all in tokens unless named)."""
+    """What one prefill batch may still take (all in tokens unless named).
+
+    KV is charged in whole pages (`page_span`): with page_size > 1 a request of
+    5 tokens takes 8 slots of a 4-slot-page pool, and admission must not
+    promise what the allocator cannot give."""
 
     rem_total_tokens: int  # free + evictable KV, minus what running requests will need
     rem_input_tokens: int  # max_prefill_tokens left
@@ -83,10 +97,11 @@ class PrefillBudget:
     stopped: bool = False
     num_admitted: int = 0
 
-    def grant(self, extend_len: int, reserve_output: int) -> int | None:
+    def grant(self, extend_len: int, reserve_output: int, prefix_len: int = 0) -> int | None:
         """Tokens of this request to compute now (< extend_len: a chunk), or None.
 
-        None means the request does not fit; the caller stops admitting."""
+        `prefix_len` is what the request already holds KV for (its pages are
+        paid for). None means the request does not fit; the caller stops admitting."""
         if self.stopped or self.rem_running_slots <= 0:
             return None
         granted = extend_len
@@ -95,12 +110,13 @@ class PrefillBudget:
         if granted <= 0:
             return None
         truncated = granted < extend_len
-        need = granted + (0 if truncated else reserve_output)
+        end = prefix_len + granted
+        need = page_span(prefix_len, end + (0 if truncated else reserve_output), self.page_size)
         if need > self.rem_total_tokens:
             alone = not self.has_running and self.num_admitted == 0
-            if not alone or granted > self.rem_total_tokens:
+            need = page_span(prefix_len, end, self.page_size)
+            if not alone or need > self.rem_total_tokens:
                 return None
-            need = granted
         if granted > self.rem_input_tokens and self.num_admitted > 0:
             return None
         self._charge(granted, need, truncated)
@@ -143,11 +159,25 @@ class NewTokenRatio:
     def on_retract(self) -> None:
         self.value = self.init
 
-    def reserve(self, reqs: list[Req]) -> int:
-        return int(sum(r.remaining_new_tokens() for r in reqs) * self.value)
+    def reserve(self, reqs: list[Req], page_size: int = 1) -> int:
+        """KV slots the running requests are assumed to still take (whole pages)."""
+        if page_size == 1:
+            return int(sum(r.remaining_new_tokens() for r in reqs) * self.value)
+        return sum(
+            page_span(r.kv_len, r.kv_len + int(r.remaining_new_tokens() * self.value), page_size)
+            for r in reqs
+        )
 
 
-def pick_retractions(running: list[Req], need_tokens: int, free_tokens: int) -> list[Req]:
+def decode_need(reqs: list[Req], page_size: int = 1) -> int:
+    """KV slots one decode step of `reqs` takes: a new page for each request whose
+    next position (kv_len) starts one."""
+    return sum(page_span(r.kv_len, r.kv_len + 1, page_size) for r in reqs)
+
+
+def pick_retractions(
+    running: list[Req], need_tokens: int, free_tokens: int, page_size: int = 1
+) -> list[Req]:
     """Requests to retract so that `need_tokens` fit: fewest outputs, longest inputs first.
 
     Always keeps at least one request running."""
@@ -157,6 +187,6 @@ def pick_retractions(running: list[Req], need_tokens: int, free_tokens: int) -> 
         if free_tokens >= need_tokens:
             break
         out.append(req)
-        free_tokens += req.kv_len
-        need_tokens -= 1
+        free_tokens += page_span(0, req.kv_len, page_size)
+        need_tokens -= page_span(req.kv_len, req.kv_len + 1, page_size)
     return out

@@ -48,7 +48,7 @@ class SchedulerAdmissionMixin:
     def _new_budget(self) -> PrefillBudget:
         # The chunked request (if any) is the first candidate: its reserve is
         # charged when its last chunk is granted, not here.
-        reserve = self.new_token_ratio.reserve(self.running.reqs)
+        reserve = self.new_token_ratio.reserve(self.running.reqs, self.page_size)
         chunk = self.chunked_prefill_size
         return PrefillBudget(
             rem_total_tokens=self.free_kv_tokens() - reserve,
@@ -81,7 +81,7 @@ class SchedulerAdmissionMixin:
         budget.charge_locked(evictable_before - self.tree_cache.evictable_size())
         prefix_len = req.kv_len
         remaining = req.seq_len - prefix_len
-        granted = budget.grant(remaining, req.remaining_new_tokens())
+        granted = budget.grant(remaining, req.remaining_new_tokens(), prefix_len)
         if granted is None:
             if not req.is_chunked:
                 self._detach_prefix(req)

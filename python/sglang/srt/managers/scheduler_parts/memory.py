@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sglang.srt.managers.schedule_policy import pick_retractions
+from sglang.srt.managers.schedule_policy import decode_need, page_span, pick_retractions
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, RunningBatch
@@ -47,11 +47,13 @@ class SchedulerMemoryMixin:
         self, prefix_lens: list[int], seq_lens: list[int], req_pool_indices: list[int]
     ) -> torch.Tensor | None:
         """int64 slots for positions [prefix_len, seq_len) of each request."""
-        total = sum(s - p for p, s in zip(prefix_lens, seq_lens))
         if self.page_size == 1:
+            total = sum(s - p for p, s in zip(prefix_lens, seq_lens))
             self._ensure_free(total)
             return self.allocator.alloc(total)
-        self._ensure_free(total + self.page_size * len(seq_lens))
+        self._ensure_free(
+            sum(page_span(p, s, self.page_size) for p, s in zip(prefix_lens, seq_lens))
+        )
         last_locs = self._last_locs(req_pool_indices, prefix_lens)
         return self.allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
 
@@ -61,7 +63,7 @@ class SchedulerMemoryMixin:
         if self.page_size == 1:
             self._ensure_free(bs)
             return self.allocator.alloc(bs)
-        self._ensure_free(self.page_size * bs)
+        self._ensure_free(sum(page_span(n, n + 1, self.page_size) for n in kv_lens.tolist()))
         seq_lens = (kv_lens + 1).tolist()
         last_locs = self._last_locs(req_pool_indices.tolist(), kv_lens.tolist())
         return self.allocator.alloc_decode(seq_lens, last_locs)
@@ -73,8 +75,7 @@ class SchedulerMemoryMixin:
         ]
 
     def decode_fits(self) -> bool:
-        need = len(self.running) * (1 if self.page_size == 1 else self.page_size)
-        return self.free_kv_tokens() >= need
+        return self.free_kv_tokens() >= decode_need(self.running.reqs, self.page_size)
 
     # ---------------------------------------------------------------- release
 
@@ -94,8 +95,10 @@ class SchedulerMemoryMixin:
         """Move running requests back to the waiting queue until decode fits."""
         retracted: list[Req] = []
         while not self.decode_fits() and len(self.running) > 1:
-            need = len(self.running) * max(1, self.page_size)
-            victims = pick_retractions(self.running.reqs, need, self.free_kv_tokens())
+            need = decode_need(self.running.reqs, self.page_size)
+            victims = pick_retractions(
+                self.running.reqs, need, self.free_kv_tokens(), self.page_size
+            )
             if not victims:
                 break
             for req in victims:
