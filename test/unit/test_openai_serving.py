@@ -207,7 +207,7 @@ def test_error_bodies(client):
     fmt = {"type": "json_object"}
     assert_error(post("/v1/chat/completions", json=chat_body(response_format=fmt)), 400)
     assert_error(post("/v1/chat/completions", json={**chat_body(), "model": "nope"}), 404, "model")
-    assert_error(post("/v1/chat/completions", json=chat_body(temperature=3)), 400, "temperature")
+    assert_error(post("/v1/chat/completions", json=chat_body(temperature=-1)), 400, "temperature")
     assert_error(post("/v1/chat/completions", json=chat_body(n="x")), 400, "n")
     assert_error(post("/v1/chat/completions", json={"model": MODEL}), 400, "messages")
     assert_error(post("/v1/completions", json={"model": MODEL, "prompt": [[]]}), 400, "prompt")

@@ -33,6 +33,8 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightFromDiskReqOutput,
 )
 from sglang.srt.managers.ipc import AsyncPullEndpoint, PushEndpoint
+from sglang.srt.sampling.param_types import MAX_TOP_LOGPROBS_NUM, InvalidParamError
+from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -204,11 +206,9 @@ class TokenizerManager:
         )
 
     def _tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
-        from sglang.srt.sampling.sampling_params import SamplingParams
-
+        check_request_fields(obj, self.model_config.vocab_size)
         input_ids = self._input_ids(obj)
-        params = SamplingParams.from_dict(obj.sampling_params)
-        params.verify(self.model_config.vocab_size)
+        params = _sampling_params(obj.sampling_params, self.model_config.vocab_size)
         if params.n != 1:
             raise ValueError("n > 1 must be expanded into n requests by the caller")
         params.normalize(self.tokenizer)
@@ -226,31 +226,48 @@ class TokenizerManager:
 
     def _input_ids(self, obj: GenerateReqInput) -> list[int]:
         if obj.input_ids is not None:
-            ids = [int(t) for t in obj.input_ids]
+            ids = list(obj.input_ids)
+            param = "input_ids"
         elif obj.text is not None:
             if self.tokenizer is None:
-                raise ValueError("text prompts need a tokenizer (skip_tokenizer_init is set)")
+                raise InvalidParamError(
+                    "text prompts need a tokenizer (the server runs with "
+                    "--skip-tokenizer-init): send input_ids",
+                    "text",
+                )
             ids = list(self.tokenizer.encode(obj.text))
+            param = "text"
         else:
-            raise ValueError("either text or input_ids must be given")
+            raise InvalidParamError("either text or input_ids must be given", "text")
         if not ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidParamError("the prompt is empty", param)
         vocab = self.model_config.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
-            raise ValueError(f"input_ids must be token ids in [0, {vocab})")
+            raise InvalidParamError(f"input_ids must be token ids in [0, {vocab})", "input_ids")
         return ids
 
     def _check_length(self, input_len: int, max_new_tokens: int | None) -> None:
+        """The prompt must fit the context and the KV pool; prompt + max_new_tokens
+        must fit the context. The message names the limit that was hit."""
+        if input_len >= self.context_len:
+            raise InvalidParamError(
+                f"The input ({input_len} tokens) is longer than the model's context length "
+                f"({self.context_len} tokens; at most {self.context_len - 1} in the prompt).",
+                "input_ids",
+            )
         if input_len > self.max_req_input_len:
-            raise ValueError(
-                f"The input ({input_len} tokens) is longer than the model's limit "
-                f"({self.max_req_input_len} tokens)."
+            raise InvalidParamError(
+                f"The input ({input_len} tokens) is longer than the KV cache can hold "
+                f"({self.max_req_input_len} tokens; raise --max-total-tokens or "
+                f"--mem-fraction-static).",
+                "input_ids",
             )
         if max_new_tokens is not None and input_len + max_new_tokens > self.context_len:
-            raise ValueError(
+            raise InvalidParamError(
                 f"Requested token count exceeds the model's maximum context length of "
                 f"{self.context_len} tokens: {input_len} in the input plus "
-                f"{max_new_tokens} max_new_tokens."
+                f"{max_new_tokens} max_new_tokens.",
+                "sampling_params.max_new_tokens",
             )
 
     def abort_request(self, rid: str, message: str = "Aborted by request.") -> None:
@@ -376,3 +393,55 @@ class TokenizerManager:
                 await task
         self.recv_from_detokenizer.close()
         self.send_to_scheduler.close()
+
+
+# ----------------------------------------------------------------------------
+# Request validation shared by the Engine and every HTTP route
+# ----------------------------------------------------------------------------
+
+
+def check_request_fields(obj: GenerateReqInput, vocab_size: int) -> None:
+    """Types and ranges of GenerateReqInput's own fields (sampling_params aside)."""
+    _expect(obj.text is None or isinstance(obj.text, str), "text", "a string")
+    ids = obj.input_ids
+    _expect(
+        ids is None or (isinstance(ids, list) and all(_is_int(t) for t in ids)),
+        "input_ids",
+        "a list of token ids (integers)",
+    )
+    for name in ("stream", "return_logprob", "return_text_in_logprobs"):
+        _expect(isinstance(getattr(obj, name), bool), name, "a boolean")
+    _expect(isinstance(obj.rid, str) and obj.rid != "", "rid", "a non-empty string")
+    top_cap = min(vocab_size, MAX_TOP_LOGPROBS_NUM)
+    _expect(
+        _is_int(obj.top_logprobs_num) and 0 <= obj.top_logprobs_num <= top_cap,
+        "top_logprobs_num",
+        f"an integer in [0, {top_cap}] (the vocabulary size and a cap of {MAX_TOP_LOGPROBS_NUM})",
+    )
+    _expect(
+        _is_int(obj.logprob_start_len) and obj.logprob_start_len >= -1,
+        "logprob_start_len",
+        "an integer >= -1",
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _expect(ok: bool, name: str, what: str) -> None:
+    if not ok:
+        raise InvalidParamError(f"{name} must be {what}", name)
+
+
+def _sampling_params(params: Any, vocab_size: int) -> SamplingParams:
+    """Validated SamplingParams; errors name the field as `sampling_params.<field>`."""
+    try:
+        out = SamplingParams.from_dict(params)
+        out.verify(vocab_size)
+    except InvalidParamError as exc:
+        param = exc.param or ""
+        if not param.startswith("sampling_params"):
+            param = f"sampling_params.{param}".rstrip(".")
+        raise InvalidParamError(f"sampling_params.{exc}", param) from None
+    return out

@@ -3,9 +3,57 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from sglang.srt.sampling.param_types import (
+    Flag,
+    GrammarText,
+    InvalidParamError,
+    LogitBias,
+    MinP,
+    NonNegInt,
+    NumSamples,
+    Penalty,
+    RepetitionPenalty,
+    Seed,
+    StopStrings,
+    Temperature,
+    TokenIds,
+    TopK,
+    TopP,
+    first_error,
+)
 
 _TOP_K_ALL = 1 << 30  # top_k = -1 means "all tokens"
+
+
+class SamplingParamsSpec(BaseModel):
+    """The native `sampling_params` dict: types, ranges, no unknown keys."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_new_tokens: Optional[NonNegInt] = 128
+    min_new_tokens: NonNegInt = 0
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = -1
+    min_p: MinP = 0.0
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    stop: StopStrings = None
+    stop_token_ids: Optional[TokenIds] = None
+    ignore_eos: Flag = False
+    skip_special_tokens: Flag = True
+    spaces_between_special_tokens: Flag = True
+    no_stop_trim: Flag = False
+    n: NumSamples = 1
+    seed: Optional[Seed] = None
+    logit_bias: Optional[LogitBias] = None
+    json_schema: Optional[GrammarText] = None
+    regex: Optional[GrammarText] = None
+    ebnf: Optional[GrammarText] = None
 
 
 @dataclass
@@ -35,13 +83,11 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
-        """Build from a request's dict; an unknown key is a ValueError naming it."""
-        params = dict(params or {})
-        known = {f for f in cls.__dataclass_fields__ if f != "stop_strs"}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
-        return cls(**params)
+        """Build from a request's dict; a wrong key, type or range is an
+        InvalidParamError naming the field."""
+        if params is not None and not isinstance(params, dict):
+            raise InvalidParamError("sampling_params must be an object", "sampling_params")
+        return cls(**_validated(_listify(params or {})))
 
     @property
     def is_greedy(self) -> bool:
@@ -52,48 +98,37 @@ class SamplingParams:
         return _TOP_K_ALL if self.top_k in (-1, 0) else self.top_k
 
     def verify(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the first invalid field."""
-        for name, ok, rule in self._checks():
-            if not ok:
-                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
-        self._verify_logit_bias(vocab_size)
+        """Raise InvalidParamError naming the first invalid field (rules, then
+        cross-field and vocabulary checks)."""
+        _validated(_listify(self.to_dict()))
+        max_new = self.max_new_tokens
+        if max_new is not None and self.min_new_tokens > max_new:
+            raise InvalidParamError(
+                f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens ({max_new})",
+                "min_new_tokens",
+            )
+        self._verify_token_ids(vocab_size)
         self._verify_grammar()
 
-    def _checks(self) -> list[tuple[str, bool, str]]:
-        max_new = self.max_new_tokens
-        return [
-            ("temperature", self.temperature >= 0.0, "non-negative"),
-            ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
-            ("top_k", self.top_k == -1 or self.top_k >= 0, "-1 (all) or >= 0"),
-            ("min_p", 0.0 <= self.min_p <= 1.0, "in [0, 1]"),
-            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "in [-2, 2]"),
-            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "in [-2, 2]"),
-            ("repetition_penalty", 0.0 < self.repetition_penalty <= 2.0, "in (0, 2]"),
-            ("max_new_tokens", max_new is None or max_new >= 0, "non-negative"),
-            ("min_new_tokens", self.min_new_tokens >= 0, "non-negative"),
-            (
-                "min_new_tokens",
-                max_new is None or self.min_new_tokens <= max_new,
-                "<= max_new_tokens",
-            ),
-            ("n", self.n >= 1, ">= 1"),
-        ]
-
-    def _verify_logit_bias(self, vocab_size: int | None) -> None:
-        for key, value in (self.logit_bias or {}).items():
-            try:
-                token_id = int(key)
-            except (TypeError, ValueError):
-                raise ValueError(f"logit_bias key must be a token id, got {key!r}") from None
-            if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
-                raise ValueError(f"logit_bias token id {token_id} is out of range")
-            if not isinstance(value, (int, float)):
-                raise ValueError(f"logit_bias value for {key!r} must be a number")
+    def _verify_token_ids(self, vocab_size: int | None) -> None:
+        if vocab_size is None:
+            return
+        for key in self.logit_bias or {}:
+            if not 0 <= int(key) < vocab_size:
+                raise InvalidParamError(
+                    f"logit_bias token id {key} is out of range [0, {vocab_size})", "logit_bias"
+                )
+        for token_id in self.stop_token_ids or ():
+            if token_id >= vocab_size:
+                raise InvalidParamError(
+                    f"stop_token_ids: token id {token_id} is out of range [0, {vocab_size})",
+                    "stop_token_ids",
+                )
 
     def _verify_grammar(self) -> None:
         given = [g for g in (self.json_schema, self.regex, self.ebnf) if g is not None]
         if len(given) > 1:
-            raise ValueError("json_schema, regex and ebnf are mutually exclusive")
+            raise InvalidParamError("json_schema, regex and ebnf are mutually exclusive", "regex")
 
     def normalize(self, tokenizer=None) -> None:
         """Turn `stop` into `stop_strs` and `stop_token_ids` into a set."""
@@ -110,3 +145,26 @@ class SamplingParams:
         if isinstance(out["stop_token_ids"], set):
             out["stop_token_ids"] = sorted(out["stop_token_ids"])
         return out
+
+
+def _listify(params: dict[str, Any]) -> dict[str, Any]:
+    """Python callers may pass a set or tuple of stop token ids / stop strings."""
+    out = dict(params)
+    for key in ("stop_token_ids", "stop"):
+        if isinstance(out.get(key), (set, frozenset, tuple)):
+            out[key] = sorted(out[key]) if key == "stop_token_ids" else list(out[key])
+    bias = out.get("logit_bias")
+    if isinstance(bias, dict):  # Python callers may key by int
+        out["logit_bias"] = {
+            str(k) if isinstance(k, int) and not isinstance(k, bool) else k: v
+            for k, v in bias.items()
+        }
+    return out
+
+
+def _validated(params: dict[str, Any]) -> dict[str, Any]:
+    try:
+        spec = SamplingParamsSpec.model_validate(params)
+    except ValidationError as exc:
+        raise first_error(exc) from None
+    return {name: getattr(spec, name) for name in params}

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sglang.srt.entrypoints.openai.protocol import ErrorBody, ErrorResponse
+from sglang.srt.sampling.param_types import error_of
 
 logger = logging.getLogger(__name__)
 BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
@@ -69,26 +70,16 @@ def unsupported_structured_output(param: str) -> APIError:
     return APIError("structured output not supported yet", 400, param=param, code="unsupported")
 
 
-_TYPE_TAGS = frozenset({"body", "str", "int", "float", "bool", "dict", "list", "none"})
-
-
-def _is_type_tag(part: object) -> bool:
-    """pydantic names a union member in the error path ("prompt.list[int].0"); drop it."""
-    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part)
-
-
 def from_validation_error(exc: RequestValidationError) -> APIError:
     """The first pydantic error, named by its JSON path (the `body` prefix dropped)."""
     errors = exc.errors()
     if not errors:
         return APIError("invalid request")
     first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if not _is_type_tag(part)]
     if first.get("type") == "json_invalid":
         return APIError(f"malformed JSON body: {first.get('msg', '')}", code="invalid_json")
-    param = ".".join(loc) or None
-    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-    return APIError(message, param=param, code="invalid_value")
+    error = error_of(first)
+    return APIError(str(error), param=error.param, code="invalid_value")
 
 
 async def _api_error_handler(_: Request, exc: APIError) -> JSONResponse:

@@ -51,7 +51,7 @@ def to_api_error(exc: BaseException) -> APIError:
         lowered = message.lower()
         too_long = "context length" in lowered or "longer than" in lowered
         code = "context_length_exceeded" if too_long else "invalid_value"
-        return APIError(message, 400, code=code)
+        return APIError(message, 400, param=getattr(exc, "param", None), code=code)
     return APIError(f"generation failed: {exc}", 503, err_type="service_unavailable_error")
 
 

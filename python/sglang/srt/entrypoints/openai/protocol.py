@@ -8,9 +8,28 @@ that the serving layer can answer them with a clear error instead of ignoring th
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Union
+from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from sglang.srt.sampling.param_types import (
+    MAX_OPENAI_TOP_LOGPROBS,
+    Flag,
+    GrammarText,
+    LogitBias,
+    MinP,
+    NonNegInt,
+    NumSamples,
+    Penalty,
+    RepetitionPenalty,
+    Seed,
+    StopStrings,
+    Temperature,
+    TokenIds,
+    TopK,
+    TopP,
+    strict,
+)
 
 # --- shared pieces -------------------------------------------------------------------------
 
@@ -27,8 +46,8 @@ class ErrorResponse(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: Flag = False
+    continuous_usage_stats: Flag = False
 
 
 class PromptTokensDetails(BaseModel):
@@ -49,60 +68,39 @@ class ResponseFormat(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """Sampling fields common to chat and completions, including SGLang's extras."""
+    """Sampling fields common to chat and completions, including SGLang's extras.
 
-    model: str
-    max_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=128)
-    stop: Union[str, list[str], None] = None
-    seed: int | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
-    stream: bool = False
+    Each field's type and range comes from `sampling.param_types`, the definition
+    the native `sampling_params` uses too (strict types: no "5" for 5)."""
+
+    model: strict(str)
+    max_tokens: Optional[NonNegInt] = None
+    temperature: Optional[Temperature] = None
+    top_p: Optional[TopP] = None
+    n: NumSamples = 1
+    stop: StopStrings = None
+    seed: Optional[Seed] = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: Optional[LogitBias] = None
+    stream: Flag = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Optional[strict(str)] = None
     # SGLang extras.
-    top_k: int = Field(default=-1, ge=-1)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
-    min_tokens: int = Field(default=0, ge=0)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    stop_token_ids: list[int] | None = None
-    no_stop_trim: bool = False
-    rid: str | None = None
+    top_k: TopK = -1
+    min_p: MinP = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    min_tokens: NonNegInt = 0
+    ignore_eos: Flag = False
+    skip_special_tokens: Flag = True
+    stop_token_ids: Optional[TokenIds] = None
+    no_stop_trim: Flag = False
+    rid: Optional[strict(str, min_length=1)] = None
     # Structured output: accepted, answered 400 until a grammar backend serves it.
-    regex: str | None = None
-    json_schema: str | None = None
-    ebnf: str | None = None
+    regex: Optional[GrammarText] = None
+    json_schema: Optional[GrammarText] = None
+    ebnf: Optional[GrammarText] = None
     response_format: ResponseFormat | None = None
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k_not_zero(cls, value: int) -> int:
-        if value == 0:
-            raise ValueError("top_k must be -1 (disabled) or at least 1")
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias_range(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key, bias in (value or {}).items():
-            if not key.lstrip("-").isdigit():
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
-            if not -100.0 <= bias <= 100.0:
-                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
-        return value
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_list(cls, value: Union[str, list[str], None]) -> Union[str, list[str], None]:
-        if isinstance(value, list) and any(not s for s in value):
-            raise ValueError("stop strings must be non-empty")
-        return value
 
 
 # --- logprobs ------------------------------------------------------------------------------
@@ -131,16 +129,19 @@ class ChatLogProbs(BaseModel):
 
 # --- /v1/completions -----------------------------------------------------------------------
 
-PromptType = Union[str, list[str], list[int], list[list[int]]]
+# A prompt: text, texts, token ids, or lists of token ids (strict: no "5" for 5).
+PromptType = Union[
+    strict(str), list[strict(str)], list[NonNegInt], list[list[NonNegInt]]
+]
 
 
 class CompletionRequest(SamplingFields):
     model_config = ConfigDict(extra="ignore")
     prompt: PromptType
-    echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-    best_of: int | None = Field(default=None, ge=1)
-    suffix: str | None = None
+    echo: Flag = False
+    logprobs: Optional[strict(int, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)] = None
+    best_of: Optional[strict(int, ge=1)] = None
+    suffix: Optional[strict(str)] = None
 
 
 class CompletionChoice(BaseModel):
@@ -196,13 +197,13 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     model_config = ConfigDict(extra="ignore")
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_completion_tokens: Optional[strict(int, ge=1)] = None
+    logprobs: Flag = False
+    top_logprobs: Optional[strict(int, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)] = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[str, dict[str, Any], None] = None
     chat_template_kwargs: dict[str, Any] | None = None
-    continue_final_message: bool = False
+    continue_final_message: Flag = False
 
 
 class ChatMessageOut(BaseModel):

@@ -9,11 +9,11 @@ several) and ends with `data: [DONE]`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
@@ -25,22 +25,26 @@ from sglang.srt.entrypoints.openai.serving_base import (
     prompt_fields,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.sampling.param_types import MAX_TOP_LOGPROBS_NUM, Flag, NonNegInt, strict
+from sglang.srt.sampling.sampling_params import SamplingParamsSpec
 
 if TYPE_CHECKING:
     from sglang.srt.observability.metrics import ServerMetrics
 
 
 class GenerateRequest(BaseModel):
+    """The body of `/generate`; `sampling_params` is the shared native definition."""
+
     model_config = ConfigDict(extra="forbid")
-    text: Union[str, list[str], None] = None
-    input_ids: Union[list[int], list[list[int]], None] = None
-    sampling_params: dict[str, Any] | None = None
-    rid: str | None = None
-    stream: bool = False
-    return_logprob: bool = False
-    top_logprobs_num: int = Field(default=0, ge=0)
-    logprob_start_len: int = Field(default=-1, ge=-1)
-    return_text_in_logprobs: bool = False
+    text: Union[strict(str), list[strict(str)], None] = None
+    input_ids: Union[list[NonNegInt], list[list[NonNegInt]], None] = None
+    sampling_params: SamplingParamsSpec | None = None
+    rid: Optional[strict(str, min_length=1)] = None
+    stream: Flag = False
+    return_logprob: Flag = False
+    top_logprobs_num: strict(int, ge=0, le=MAX_TOP_LOGPROBS_NUM) = 0
+    logprob_start_len: strict(int, ge=-1) = -1
+    return_text_in_logprobs: Flag = False
 
     @model_validator(mode="after")
     def _one_prompt_kind(self) -> GenerateRequest:
@@ -65,20 +69,25 @@ class GenerateRequest(BaseModel):
         return not single or self.num_samples() > 1
 
     def num_samples(self) -> int:
-        n = (self.sampling_params or {}).get("n", 1)
-        if not isinstance(n, int) or n < 1:
-            raise APIError(
-                "sampling_params.n must be a positive integer", param="sampling_params.n"
-            )
-        return n
+        return self.sampling_params.n if self.sampling_params is not None else 1
+
+    def params_dict(self) -> dict[str, Any]:
+        """The sampling fields the client set, without `n` (fanned out here)."""
+        if self.sampling_params is None:
+            return {}
+        params = self.sampling_params.model_dump(exclude_unset=True)
+        params.pop("n", None)
+        return params
 
 
 def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
     prompts, n = request.prompts(), request.num_samples()
     if not prompts:
-        raise APIError("the prompt list is empty", param="text")
-    params = {k: v for k, v in (request.sampling_params or {}).items() if k != "n"}
-    choices = plan_choices(new_request_id("gen"), request.rid, params, len(prompts), n)
+        param = "text" if request.text is not None else "input_ids"
+        raise APIError("the prompt list is empty", param=param, code="invalid_value")
+    choices = plan_choices(
+        new_request_id("gen"), request.rid, request.params_dict(), len(prompts), n
+    )
     return [_one_input(request, prompts[i], p, rid) for i, p, rid in choices]
 
 

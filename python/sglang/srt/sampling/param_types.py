@@ -1,0 +1,106 @@
+"""The one definition of every sampling field's type and range.
+
+`SamplingParams` (the native `sampling_params` dict of `/generate` and
+`Engine.generate`) and the OpenAI request models build their fields from the
+annotated types below, so a field has the same rule on every path. Every type
+is strict: `"5"` is not an int, `1.5` is not an int, `"no"` is not a bool.
+
+A rule violation is an `InvalidParamError` (a ValueError) naming the field; the
+HTTP layer answers it with a 400 whose `param` is that field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Union
+
+from pydantic import AfterValidator, Field, ValidationError
+
+# Caps, documented in docs/api.md ("Limits").
+MAX_N = 128  # samples per prompt (`n`), on every path
+MAX_TOP_LOGPROBS_NUM = 100  # native `top_logprobs_num` (also capped by the vocabulary)
+MAX_OPENAI_TOP_LOGPROBS = 20  # OpenAI `logprobs` / `top_logprobs`, as the OpenAI API caps it
+MAX_STOP_STRS = 64  # stop strings per request
+MAX_STOP_STR_CHARS = 1024  # characters per stop string
+MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS_ENTRIES = 1024
+LOGIT_BIAS_LIMIT = 100.0  # |bias| <= 100, as OpenAI
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
+
+
+class InvalidParamError(ValueError):
+    """A request field broke its rule; `param` names it (dotted JSON path)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _check_stop(value: Union[str, list[str], None]) -> Union[str, list[str], None]:
+    stops = [value] if isinstance(value, str) else value or []
+    if any(not s for s in stops):
+        raise ValueError("stop strings must be non-empty")
+    if any(len(s) > MAX_STOP_STR_CHARS for s in stops):
+        raise ValueError(f"a stop string is at most {MAX_STOP_STR_CHARS} characters")
+    return value
+
+
+def _check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
+    for key in value or {}:
+        if not key.lstrip("-").isdigit():
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+    return value
+
+
+def strict(kind: Any, **rule: Any) -> Any:
+    return Annotated[kind, Field(strict=True, **rule)]
+
+
+NonNegInt = strict(int, ge=0)
+Flag = strict(bool)
+Temperature = strict(float, ge=0.0, allow_inf_nan=False)
+TopP = strict(float, gt=0.0, le=1.0)
+TopK = strict(int, ge=-1)  # -1 or 0: all tokens
+MinP = strict(float, ge=0.0, le=1.0)
+Penalty = strict(float, ge=-2.0, le=2.0)  # frequency / presence
+RepetitionPenalty = strict(float, gt=0.0, le=2.0)
+NumSamples = strict(int, ge=1, le=MAX_N)
+Seed = strict(int, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+StopStrings = Annotated[
+    Union[strict(str), Annotated[list[strict(str)], Field(max_length=MAX_STOP_STRS)], None],
+    AfterValidator(_check_stop),
+]
+TokenIds = Annotated[list[NonNegInt], Field(max_length=MAX_STOP_TOKEN_IDS)]
+LogitBias = Annotated[
+    dict[strict(str), strict(float, ge=-LOGIT_BIAS_LIMIT, le=LOGIT_BIAS_LIMIT)],
+    Field(max_length=MAX_LOGIT_BIAS_ENTRIES),
+    AfterValidator(_check_logit_bias),
+]
+GrammarText = strict(str)
+
+
+def first_error(exc: ValidationError, prefix: str = "") -> InvalidParamError:
+    """The first pydantic error as an InvalidParamError named by its dotted path."""
+    errors = exc.errors()
+    if not errors:
+        return InvalidParamError(str(exc), prefix.rstrip(".") or None)
+    return error_of(errors[0], prefix)
+
+
+def error_of(error: dict[str, Any], prefix: str = "") -> InvalidParamError:
+    """One pydantic error dict (`loc`, `msg`, `type`) as an InvalidParamError."""
+    loc = [str(part) for part in error.get("loc", ()) if not _is_type_tag(part)]
+    param = prefix + ".".join(loc) if loc else prefix.rstrip(".") or None
+    message = error.get("msg", "invalid value")
+    if error.get("type") == "extra_forbidden":
+        message = "unknown field"
+    return InvalidParamError(f"{param}: {message}" if param else message, param)
+
+
+_TYPE_TAGS = frozenset({"body", "str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _is_type_tag(part: object) -> bool:
+    """pydantic names union members and wrappers in the path; they are not fields."""
+    if not isinstance(part, str):
+        return False
+    return part in _TYPE_TAGS or "[" in part or part.startswith(("function-", "union"))
