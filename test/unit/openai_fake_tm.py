@@ -15,7 +15,7 @@ from typing import Any
 
 import jinja2
 
-from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.managers.tokenizer_manager import _sampling_params, check_request_fields
 
 CHATML = (
     "{% for message in messages %}"
@@ -66,6 +66,7 @@ class FakeTokenizerManager:
     async def generate_request(self, obj):
         self.requests.append(obj)
         input_ids = self._input_ids(obj)
+        check_request_fields(obj, VOCAB_SIZE)
         params = dict(obj.sampling_params or {})
         self._validate(input_ids, params)
         self.running.add(obj.rid)
@@ -81,7 +82,7 @@ class FakeTokenizerManager:
     def _validate(self, input_ids: list[int], params: dict[str, Any]) -> None:
         if len(input_ids) >= self.context_len:
             raise ValueError(f"input is longer than the context length ({self.context_len})")
-        SamplingParams.from_dict(params).verify(VOCAB_SIZE)
+        _sampling_params(params, VOCAB_SIZE)
 
     def _start(self, input_ids: list[int], params: dict[str, Any]) -> int:
         if params.get("temperature", 1.0) > 0:

@@ -11,6 +11,8 @@ from fastapi.testclient import TestClient
 from openai_fake_tm import OUTPUT_ALPHABET, FakeTokenizerManager
 
 from sglang.srt.entrypoints.http_server import ServerStatus, create_app
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import check_request_fields
 from sglang.srt.runtime_context import get_context
 
 MODEL = "fake-model"
@@ -383,3 +385,52 @@ def test_continuous_usage_stats_and_sse_headers(client):
     completions = [e["usage"]["completion_tokens"] for e in events]
     assert completions == sorted(completions) and completions[-1] == 3
     assert all(e["choices"] for e in events)  # no usage-only chunk without include_usage
+
+
+def test_openapi_describes_every_post_body(client):
+    """Clients and API fuzzers read the real request schema from /openapi.json."""
+    doc = client.get("/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    for path, operations in doc["paths"].items():
+        if "post" not in operations or path == "/flush_cache":  # flush_cache takes no body
+            continue
+        body = operations["post"].get("requestBody")
+        assert body is not None, f"POST {path} has no request body in the OpenAPI document"
+        ref = body["content"]["application/json"]["schema"]["$ref"]
+        assert ref.rsplit("/", 1)[-1] in schemas
+    native = schemas["GenerateRequest"]["properties"]["sampling_params"]
+    spec = schemas["SamplingParamsSpec"]["properties"]
+    assert any("SamplingParamsSpec" in str(option) for option in native.get("anyOf", [native]))
+    assert spec["seed"]["anyOf"][0]["type"] == "integer"
+    assert spec["top_p"]["exclusiveMinimum"] == 0.0
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    assert chat["n"]["maximum"] == spec["n"]["maximum"]  # one definition of the cap
+
+
+@pytest.mark.parametrize(
+    "sampling_params, param",
+    [
+        ({"seed": "x"}, "sampling_params.seed"),
+        ({"seed": 1.5}, "sampling_params.seed"),
+        ({"stop": [1]}, "sampling_params.stop"),
+        ({"stop_token_ids": [1.5], "min_new_tokens": 1}, "sampling_params.stop_token_ids.0"),
+        ({"skip_special_tokens": "no"}, "sampling_params.skip_special_tokens"),
+        ({"n": 10_000}, "sampling_params.n"),
+        ({"bogus": 1}, "sampling_params.bogus"),
+    ],
+)
+def test_native_bad_sampling_params_are_400_naming_the_field(client, sampling_params, param):
+    body = {"text": "def f(", "sampling_params": {"max_new_tokens": 4, **sampling_params}}
+    assert_error(client.post("/generate", json=body), 400, param)
+
+
+def test_native_top_logprobs_num_capped(client):
+    body = {"text": "x", "return_logprob": True, "top_logprobs_num": 101}
+    assert_error(client.post("/generate", json=body), 400, "top_logprobs_num")
+
+
+def test_top_logprobs_num_capped_by_the_vocabulary():
+    obj = GenerateReqInput(text="x", return_logprob=True, top_logprobs_num=60)
+    check_request_fields(obj, vocab_size=64)
+    with pytest.raises(ValueError, match=r"top_logprobs_num must be an integer in \[0, 50\]"):
+        check_request_fields(obj, vocab_size=50)

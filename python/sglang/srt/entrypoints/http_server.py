@@ -40,6 +40,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_native import GenerateRequest, NativeServing
+from sglang.srt.entrypoints.openapi_bodies import install_body_schemas
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.observability.metrics import ServerMetrics
 from sglang.srt.parser.chat_template import load_chat_template
@@ -282,6 +283,15 @@ async def metrics_route(raw_request: Request) -> Response:
 
 # --- the app ---------------------------------------------------------------------------------
 
+# The JSON body of each POST route, for /openapi.json.
+POST_BODIES: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+    "/generate": GenerateRequest,
+    "/abort_request": AbortRequestBody,
+    "/update_weights_from_disk": UpdateWeightsBody,
+}
+
 
 def create_app(tokenizer_manager: Any) -> FastAPI:
     """The app over `tokenizer_manager`; reads the published serving/observability bags."""
@@ -300,6 +310,7 @@ def create_app(tokenizer_manager: Any) -> FastAPI:
     )
     install_error_handlers(app)
     app.include_router(router)
+    install_body_schemas(app, POST_BODIES)
     if metrics is not None:
         app.add_api_route("/metrics", metrics_route, methods=["GET"])
     if serving.api_key:

@@ -1,0 +1,93 @@
+"""Issue 9, part 2: stop strings that span many tokens end generation (scheduler)
+and are trimmed from the text (detokenizer), the two agreeing token for token."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang.srt.managers.detokenizer_manager import (
+    IncrementalDetokenizer,
+    stop_window_tokens,
+    trim_incomplete_utf8,
+)
+from sglang.srt.managers.io_struct import DecodeParams
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.scheduler_parts.results import SchedulerResultsMixin
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from sglang.test.corpus import save_tokenizer_files, train_tokenizer
+
+    out = tmp_path_factory.mktemp("tok")
+    save_tokenizer_files(train_tokenizer(vocab_size=1024, max_bytes=300_000), out, 2048)
+    return AutoTokenizer.from_pretrained(str(out))
+
+
+class StopChecker(SchedulerResultsMixin):
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.context_len = 10**6
+        self.eos_token_ids = set()
+
+
+def generate(tokenizer, text: str, stop: list[str], no_stop_trim: bool = False):
+    """Feed `text`'s tokens one at a time through the scheduler's stop check;
+    returns (tokens generated, finish reason)."""
+    params = SamplingParams(max_new_tokens=1000, stop=stop, no_stop_trim=no_stop_trim)
+    params.normalize()
+    req = Req("r", [1, 2, 3], params)
+    checker = StopChecker(tokenizer)
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        req.output_ids.append(token)
+        checker.check_finished(req)
+        if req.finished:
+            break
+    return req.output_ids, req.finished_reason
+
+
+def detokenize(tokenizer, ids, finish, stop, stream, no_stop_trim=False) -> str:
+    params = DecodeParams(stop_strs=tuple(stop), stream=stream, no_stop_trim=no_stop_trim)
+    detok = IncrementalDetokenizer(tokenizer)
+    out = []
+    for i, token in enumerate(ids):
+        last = i == len(ids) - 1
+        out.append(detok.step(["r"], [[token]], [finish if last else None], [params])[0])
+    return "".join(out)
+
+
+CASES = [
+    ("prefix 你好世界 and more text", "你好"),  # 6 byte tokens for 2 characters
+    ("x = 1 日本語 y = 2", "本語"),
+    ("def f(x):\n    return x + 1\n\nprint(f(2))", "return x + 1"),
+    ("alpha beta gamma delta", " gamma"),  # a stop that starts with a space
+]
+
+
+@pytest.mark.parametrize("text,stop", CASES)
+@pytest.mark.parametrize("stream", [False, True])
+def test_multi_token_stop_ends_generation_and_is_trimmed(tokenizer, text, stop, stream):
+    stop_tokens = tokenizer.encode(stop, add_special_tokens=False)
+    assert len(stop_tokens) > 1 or len(stop.encode()) > len(stop)
+    ids, finish = generate(tokenizer, text, [stop, "never-produced"])
+    assert finish == {"type": "stop", "matched": stop}
+    full = tokenizer.decode(ids)
+    assert full.endswith(stop) or stop in full[-len(stop) - 8 :]
+    assert stop not in tokenizer.decode(ids[:-1])  # stopped at the completing token
+    expected = text[: text.index(stop)]
+    assert detokenize(tokenizer, ids, finish, [stop], stream) == expected
+    kept = detokenize(tokenizer, ids, finish, [stop], stream, no_stop_trim=True)
+    assert kept == expected + stop
+
+
+def test_earliest_stop_wins(tokenizer):
+    ids, finish = generate(tokenizer, "one two three four", ["four", "two"])
+    assert finish["matched"] == "two"
+
+
+def test_window_covers_the_stop_bytes():
+    assert stop_window_tokens(["ab", "你好世界"]) >= len("你好世界".encode())
+    assert trim_incomplete_utf8("ab\ufffd\ufffd") == "ab"
