@@ -138,7 +138,7 @@ def test_abort_at_every_stage_and_stream_interval(tiny_llama_dir, prompts):
             sched.step()
         q.send(AbortReq("running"))
         got = run_until_idle(sched)
-        assert got["rejected"][-1][1]["status_code"] == 503
+        assert got["rejected"][-1][1]["status_code"] == 429
         for rid in ("chunked", "waiting", "running"):
             assert got[rid][-1][1]["type"] == "abort", rid
         streamed = [len(ids) for ids, fin in got["running"] if fin is None]

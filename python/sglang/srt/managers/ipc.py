@@ -78,6 +78,9 @@ class PushEndpoint:
         self.address = address
         self.socket = ctx.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 0)
+        # No high-water mark: a send never blocks (the HTTP event loop sends here);
+        # what is queued is bounded by the requests in flight, which admission caps.
+        self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.connect(address)
 
     def send(self, obj: Any) -> None:
@@ -94,6 +97,7 @@ class PullEndpoint:
         self.address = address
         self.socket = ctx.socket(zmq.PULL)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
         self.socket.bind(address)
 
     def recv(self, timeout_ms: int | None = None) -> Any | None:
@@ -122,6 +126,7 @@ class AsyncPullEndpoint:
         self.address = address
         self.socket = ctx.socket(zmq.PULL)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
         self.socket.bind(address)
 
     async def recv(self) -> Any:

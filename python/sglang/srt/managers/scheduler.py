@@ -20,6 +20,7 @@ import torch
 from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch, finish_abort
 from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy
 from sglang.srt.managers.scheduler_parts.admission import SchedulerAdmissionMixin
+from sglang.srt.managers.scheduler_parts.faults import FaultInjector, SchedulerFaultsMixin
 from sglang.srt.managers.scheduler_parts.memory import SchedulerMemoryMixin
 from sglang.srt.managers.scheduler_parts.requests import SchedulerRequestsMixin
 from sglang.srt.managers.scheduler_parts.results import SchedulerResultsMixin
@@ -48,6 +49,7 @@ class Scheduler(
     SchedulerMemoryMixin,
     SchedulerResultsMixin,
     SchedulerRequestsMixin,
+    SchedulerFaultsMixin,
 ):
     def __init__(
         self,
@@ -155,6 +157,7 @@ class Scheduler(
         self.integrity_error: str | None = None
         self._forward_started_at: float | None = None
         self.num_retracted_reqs = 0
+        self.fault_injector = FaultInjector.from_env()
 
     def ready_info(self) -> dict[str, Any]:
         return {
@@ -178,9 +181,10 @@ class Scheduler(
         batch = self.get_next_batch_to_run()
         if batch is not None:
             self._forward_started_at = time.monotonic()
-            result = self.tp_sync.share_result(self.run_batch(batch))
-            self._forward_started_at = None
-            self.process_batch_result(batch, result)
+            try:
+                self.run_and_process(batch)
+            finally:
+                self._forward_started_at = None
             self._checked_idle = False
         self.emit_outputs()
         if batch is None and self.is_idle() and not self._checked_idle:
@@ -251,14 +255,14 @@ class Scheduler(
     def run_batch(self, batch: PrefillBatch | DecodeStep) -> Any:
         if isinstance(batch, PrefillBatch):
             info = self._sampling_info(batch.reqs)
-            return self.tp_worker.forward_batch_generation(batch.to_worker_batch(info))
+            return self.forward(batch.reqs, batch.to_worker_batch(info))
         info = self.running.cached_sampling_info()
         if info is None:
             info = self._sampling_info(self.running.reqs)
             if not any(_needs_fresh_sampling_info(r) for r in self.running.reqs):
                 self.running.set_sampling_info(info)
         worker_batch = self.running.to_worker_batch(batch.out_cache_loc, info)
-        return self.tp_worker.forward_batch_generation(worker_batch)
+        return self.forward(self.running.reqs, worker_batch)
 
     def _sampling_info(self, reqs: list[Req]) -> Any:
         from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo

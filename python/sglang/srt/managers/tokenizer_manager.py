@@ -33,6 +33,7 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightFromDiskReqOutput,
 )
 from sglang.srt.managers.ipc import AsyncPullEndpoint, PushEndpoint
+from sglang.srt.managers.request_errors import error_of_finish
 from sglang.srt.sampling.param_types import MAX_TOP_LOGPROBS_NUM, InvalidParamError
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -183,6 +184,9 @@ class TokenizerManager:
             state.event.clear()
             if state.error is not None:
                 raise RuntimeError(state.error)
+            failure = error_of_finish(state.finished_reason)
+            if failure is not None:
+                raise failure
             if state.finished_reason is not None:
                 if self.log_requests:
                     self._log_finished(state)
@@ -334,7 +338,9 @@ class TokenizerManager:
             state.queue_time_s = msg.queue_times[i]
             if msg.output_token_logprobs is not None:
                 self._absorb_logprobs(state, msg, i)
-            state.finished_reason = msg.finished_reasons[i]
+            state.finished_reason = reason = msg.finished_reasons[i]
+            if reason is not None and reason.get("origin") == "detokenizer":
+                self.abort_request(rid)  # the scheduler still runs it
             state.event.set()
 
     @staticmethod

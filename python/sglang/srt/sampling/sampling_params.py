@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -33,7 +33,7 @@ class SamplingParamsSpec(BaseModel):
     """The native `sampling_params` dict: types, ranges, no unknown keys."""
 
     model_config = ConfigDict(extra="forbid")
-    max_new_tokens: Optional[NonNegInt] = 128
+    max_new_tokens: NonNegInt | None = 128
     min_new_tokens: NonNegInt = 0
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
@@ -43,17 +43,17 @@ class SamplingParamsSpec(BaseModel):
     presence_penalty: Penalty = 0.0
     repetition_penalty: RepetitionPenalty = 1.0
     stop: StopStrings = None
-    stop_token_ids: Optional[TokenIds] = None
+    stop_token_ids: TokenIds | None = None
     ignore_eos: Flag = False
     skip_special_tokens: Flag = True
     spaces_between_special_tokens: Flag = True
     no_stop_trim: Flag = False
     n: NumSamples = 1
-    seed: Optional[Seed] = None
-    logit_bias: Optional[LogitBias] = None
-    json_schema: Optional[GrammarText] = None
-    regex: Optional[GrammarText] = None
-    ebnf: Optional[GrammarText] = None
+    seed: Seed | None = None
+    logit_bias: LogitBias | None = None
+    json_schema: GrammarText | None = None
+    regex: GrammarText | None = None
+    ebnf: GrammarText | None = None
 
 
 @dataclass

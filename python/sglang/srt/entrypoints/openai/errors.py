@@ -30,6 +30,8 @@ _TYPE_BY_STATUS = {
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
     503: "service_unavailable_error",
 }
 
@@ -45,8 +47,10 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         err_type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers
         self.message = message
         self.status_code = status_code
         self.param = param
@@ -60,7 +64,7 @@ class APIError(Exception):
         return ErrorResponse(error=error).model_dump()
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status_code)
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
     def sse_bytes(self) -> bytes:
         return b"data: " + orjson.dumps(self.body()) + b"\n\n"

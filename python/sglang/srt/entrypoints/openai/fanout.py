@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sglang.srt.entrypoints.openai.errors import APIError
+from sglang.srt.managers.request_errors import RequestFailedError, ServerOverloadedError
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -46,6 +47,15 @@ def to_api_error(exc: BaseException) -> APIError:
     """Map what `generate_request` raises to a client-facing error."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, ServerOverloadedError):
+        return APIError(
+            exc.message,
+            exc.status_code,
+            code="server_overloaded",
+            headers={"Retry-After": str(exc.retry_after_s)},
+        )
+    if isinstance(exc, RequestFailedError):
+        return APIError(exc.message, exc.status_code, code="request_failed")
     if isinstance(exc, ValueError):
         message = str(exc)
         lowered = message.lower()

@@ -8,7 +8,7 @@ that the serving layer can answer them with a clear error instead of ignoring th
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -74,18 +74,18 @@ class SamplingFields(BaseModel):
     the native `sampling_params` uses too (strict types: no "5" for 5)."""
 
     model: strict(str)
-    max_tokens: Optional[NonNegInt] = None
-    temperature: Optional[Temperature] = None
-    top_p: Optional[TopP] = None
+    max_tokens: NonNegInt | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     n: NumSamples = 1
     stop: StopStrings = None
-    seed: Optional[Seed] = None
+    seed: Seed | None = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    logit_bias: Optional[LogitBias] = None
+    logit_bias: LogitBias | None = None
     stream: Flag = False
     stream_options: StreamOptions | None = None
-    user: Optional[strict(str)] = None
+    user: strict(str) | None = None
     # SGLang extras.
     top_k: TopK = -1
     min_p: MinP = 0.0
@@ -93,13 +93,13 @@ class SamplingFields(BaseModel):
     min_tokens: NonNegInt = 0
     ignore_eos: Flag = False
     skip_special_tokens: Flag = True
-    stop_token_ids: Optional[TokenIds] = None
+    stop_token_ids: TokenIds | None = None
     no_stop_trim: Flag = False
-    rid: Optional[strict(str, min_length=1)] = None
+    rid: strict(str, min_length=1) | None = None
     # Structured output: accepted, answered 400 until a grammar backend serves it.
-    regex: Optional[GrammarText] = None
-    json_schema: Optional[GrammarText] = None
-    ebnf: Optional[GrammarText] = None
+    regex: GrammarText | None = None
+    json_schema: GrammarText | None = None
+    ebnf: GrammarText | None = None
     response_format: ResponseFormat | None = None
 
 
@@ -130,18 +130,16 @@ class ChatLogProbs(BaseModel):
 # --- /v1/completions -----------------------------------------------------------------------
 
 # A prompt: text, texts, token ids, or lists of token ids (strict: no "5" for 5).
-PromptType = Union[
-    strict(str), list[strict(str)], list[NonNegInt], list[list[NonNegInt]]
-]
+PromptType = Union[strict(str), list[strict(str)], list[NonNegInt], list[list[NonNegInt]]]
 
 
 class CompletionRequest(SamplingFields):
     model_config = ConfigDict(extra="ignore")
     prompt: PromptType
     echo: Flag = False
-    logprobs: Optional[strict(int, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)] = None
-    best_of: Optional[strict(int, ge=1)] = None
-    suffix: Optional[strict(str)] = None
+    logprobs: strict(int, ge=0, le=MAX_OPENAI_TOP_LOGPROBS) | None = None
+    best_of: strict(int, ge=1) | None = None
+    suffix: strict(str) | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -197,9 +195,9 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     model_config = ConfigDict(extra="ignore")
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[strict(int, ge=1)] = None
+    max_completion_tokens: strict(int, ge=1) | None = None
     logprobs: Flag = False
-    top_logprobs: Optional[strict(int, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)] = None
+    top_logprobs: strict(int, ge=0, le=MAX_OPENAI_TOP_LOGPROBS) | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[str, dict[str, Any], None] = None
     chat_template_kwargs: dict[str, Any] | None = None

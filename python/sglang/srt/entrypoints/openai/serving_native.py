@@ -9,7 +9,7 @@ several) and ends with `data: [DONE]`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -39,7 +39,7 @@ class GenerateRequest(BaseModel):
     text: Union[strict(str), list[strict(str)], None] = None
     input_ids: Union[list[NonNegInt], list[list[NonNegInt]], None] = None
     sampling_params: SamplingParamsSpec | None = None
-    rid: Optional[strict(str, min_length=1)] = None
+    rid: strict(str, min_length=1) | None = None
     stream: Flag = False
     return_logprob: Flag = False
     top_logprobs_num: strict(int, ge=0, le=MAX_TOP_LOGPROBS_NUM) = 0

@@ -16,7 +16,10 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightFromDiskReqInput,
     UpdateWeightFromDiskReqOutput,
 )
+from sglang.srt.managers.request_errors import OVERLOADED_STATUS
 from sglang.srt.managers.schedule_batch import Req, finish_abort
+from sglang.srt.managers.scheduler_parts.faults import internal_error_reason, is_fatal
+from sglang.srt.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import RunningBatch
@@ -40,7 +43,20 @@ class SchedulerRequestsMixin:
             if handler is None:
                 logger.error("scheduler: unknown message %r", type(msg).__name__)
                 continue
-            handler(msg)
+            try:
+                handler(msg)
+            except Exception as exc:
+                if is_fatal(exc):
+                    raise
+                logger.exception("scheduler: handling %s failed", type(msg).__name__)
+                self._reject(msg, exc)
+
+    def _reject(self, msg: Any, exc: Exception) -> None:
+        """A new request whose message could not be handled ends with the error."""
+        if isinstance(msg, TokenizedGenerateReqInput) and isinstance(msg.rid, str):
+            req = Req(msg.rid, [], SamplingParams())
+            req.finished_reason = internal_error_reason(exc)
+            self.pending_outputs.append(req)
 
     def _handlers(self) -> dict[type, Any]:
         return {
@@ -68,7 +84,7 @@ class SchedulerRequestsMixin:
         limit = self.max_queued_requests
         if limit is not None and len(self.waiting_queue) >= limit:
             text = f"The request queue is full (max_queued_requests={limit}); retry later."
-            req.finished_reason = finish_abort(text, status_code=503)
+            req.finished_reason = finish_abort(text, status_code=OVERLOADED_STATUS)
             self.pending_outputs.append(req)
             return
         self.waiting_queue.append(req)

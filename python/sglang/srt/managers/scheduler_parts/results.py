@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
+from sglang.srt.managers.detokenizer_manager import (
+    find_stop,
+    stop_window_tokens,
+    trim_incomplete_utf8,
+)
 from sglang.srt.managers.io_struct import BatchTokenIDOutput, DecodeParams
 from sglang.srt.managers.schedule_batch import finish_length, finish_stop
+from sglang.srt.managers.scheduler_parts.faults import internal_error_reason, is_fatal
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch
     from sglang.srt.model_executor.forward_batch_info import GenerationBatchResult
+
+logger = logging.getLogger(__name__)
 
 
 class SchedulerResultsMixin:
@@ -68,9 +77,15 @@ class SchedulerResultsMixin:
     def _append_token(self, req: Req, result: GenerationBatchResult, i: int) -> None:
         token = result.next_token_ids[i]
         req.output_ids.append(token)
-        if req.logprobs is not None:
-            self._record_output_logprobs(req, result, i, token)
-        self.check_finished(req)
+        try:
+            if req.logprobs is not None:
+                self._record_output_logprobs(req, result, i, token)
+            self.check_finished(req)
+        except Exception as exc:  # this request's bookkeeping failed: it ends, not the loop
+            if is_fatal(exc):
+                raise
+            logger.exception("request %s: processing its token failed", req.rid)
+            req.finished_reason = internal_error_reason(exc)
 
     def check_finished(self, req: Req) -> None:
         out = req.output_ids
@@ -92,13 +107,24 @@ class SchedulerResultsMixin:
             self._check_stop_strs(req)
 
     def _check_stop_strs(self, req: Req) -> None:
-        stops = req.sampling_params.stop_strs
-        window = max(len(s) for s in stops) + 2
-        tail = self.tokenizer.decode(req.output_ids[-window:])
-        for stop in stops:
-            if stop in tail:
-                req.finished_reason = finish_stop(stop)
-                return
+        """Stop strings are matched on decoded text, as the detokenizer trims them.
+
+        A stop string checked after every token ends inside the last token, so
+        it lies within the last len(stop in UTF-8 bytes) tokens (a token is at
+        least one byte). STOP_WINDOW_MARGIN more tokens in front keep the
+        decode of the stop's first token in context (a leading space, the rest
+        of a split character); an incomplete character at the end decodes to
+        U+FFFD, which matches no stop until the token that completes it."""
+        params = req.sampling_params
+        window = stop_window_tokens(params.stop_strs)
+        tail = self.tokenizer.decode(
+            req.output_ids[-window:],
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+        )
+        hit = find_stop(trim_incomplete_utf8(tail), params.stop_strs)
+        if hit is not None:
+            req.finished_reason = finish_stop(hit[1])
 
     def _maybe_stream(self, req: Req) -> None:
         # The first token goes out at once (time to first token); then every

@@ -1,0 +1,43 @@
+"""Errors a request can end with after it was accepted (the runtime refused or failed it).
+
+The scheduler and detokenizer end such a request with an `abort` finish reason
+that carries a `status_code`; the TokenizerManager raises it as one of these, so
+the Engine raises a clear exception and the HTTP routes answer that status with
+an OpenAI-style body (429 carries `Retry-After`). An abort the client asked for
+(`/abort_request`, a disconnect) has no status code and stays a normal finish.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OVERLOADED_STATUS = 429
+RETRY_AFTER_S = 1  # what a 429 tells the client to wait
+
+
+class RequestFailedError(RuntimeError):
+    """The runtime could not serve this request; `status_code` is the HTTP status."""
+
+    def __init__(self, message: str, status_code: int = 500) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+
+
+class ServerOverloadedError(RequestFailedError):
+    """The request queue is full (--max-queued-requests); retry after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: int = RETRY_AFTER_S) -> None:
+        super().__init__(message, OVERLOADED_STATUS)
+        self.retry_after_s = retry_after_s
+
+
+def error_of_finish(reason: dict[str, Any] | None) -> RequestFailedError | None:
+    """The error an abort finish reason stands for, or None for a normal finish."""
+    if not reason or reason.get("type") != "abort" or "status_code" not in reason:
+        return None
+    message = reason.get("message") or "the request failed"
+    status = int(reason["status_code"])
+    if status == OVERLOADED_STATUS:
+        return ServerOverloadedError(message)
+    return RequestFailedError(message, status)

@@ -1,0 +1,192 @@
+"""Fault containment: one request's failure is that request's failure.
+
+A forward that raises is retried one request at a time, so the request(s) that
+make it fail are found; they are aborted with the error (their KV freed), and
+the others go on with the tokens their single-request forwards produced (the
+same tokens: a request's sampling does not depend on its batch). Errors that
+leave the process in an unknown state (a broken pool invariant, a device error)
+are not contained: they end the process and the launcher fails fast.
+
+With tensor parallelism every rank must run the same forwards, and a fault seen
+by one rank only cannot be isolated in step; there a forward error is fatal.
+
+`FaultInjector` is the testing hook behind SGLANG_FAULT_INJECT=`<site>:<marker>`:
+site `forward` raises in the forward of any batch holding a request whose rid
+contains the marker.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sglang.srt.environ import envs
+from sglang.srt.managers.schedule_batch import PrefillBatch, RunningBatch, finish_abort
+from sglang.srt.model_executor.forward_batch_info import GenerationBatchResult
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_ERROR_STATUS = 500
+# Errors after which the device or our invariants cannot be trusted.
+_FATAL_TYPES = (AssertionError, MemoryError)
+_FATAL_MARKERS = ("CUDA error", "device-side assert", "HIP error", "NCCL", "illegal memory")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the SGLANG_FAULT_INJECT testing hook."""
+
+
+class FaultInjector:
+    """SGLANG_FAULT_INJECT=`<site>:<marker>`: fail `site` for rids containing `marker`."""
+
+    def __init__(self, spec: str | None) -> None:
+        self.site, self.marker = None, None
+        if spec:
+            site, sep, marker = spec.partition(":")
+            if not sep or not marker:
+                raise ValueError(f"SGLANG_FAULT_INJECT={spec!r}: expected <site>:<marker>")
+            self.site, self.marker = site, marker
+
+    @classmethod
+    def from_env(cls) -> FaultInjector:
+        return cls(envs.SGLANG_FAULT_INJECT.get())
+
+    def check(self, site: str, rids: list[str]) -> None:
+        if self.site != site:
+            return
+        hit = [rid for rid in rids if self.marker in rid]
+        if hit:
+            raise InjectedFault(f"injected {site} fault for request {hit[0]}")
+
+
+def is_fatal(exc: BaseException) -> bool:
+    if isinstance(exc, _FATAL_TYPES):
+        return True
+    text = str(exc)
+    return any(marker in text for marker in _FATAL_MARKERS)
+
+
+def internal_error_reason(exc: BaseException) -> dict[str, Any]:
+    message = f"Internal error while processing this request: {type(exc).__name__}: {exc}"
+    return finish_abort(message, status_code=INTERNAL_ERROR_STATUS)
+
+
+def merge_results(results: list[GenerationBatchResult]) -> GenerationBatchResult:
+    """Single-request results, concatenated in order (entries of requests that did
+    not ask for a field are placeholders that nobody reads)."""
+
+    def cat(name: str, empty: Any) -> list[Any] | None:
+        parts = [getattr(r, name) for r in results]
+        if all(p is None for p in parts):
+            return None
+        return [x for p in parts for x in (p if p is not None else [empty])]
+
+    return GenerationBatchResult(
+        next_token_ids=[t for r in results for t in r.next_token_ids],
+        next_token_logprobs=cat("next_token_logprobs", 0.0),
+        next_token_top_logprobs=cat("next_token_top_logprobs", []),
+        input_token_logprobs=cat("input_token_logprobs", []),
+        input_top_logprobs=cat("input_top_logprobs", []),
+    )
+
+
+class SchedulerFaultsMixin:
+    running: RunningBatch
+    tp_sync: Any
+    tp_worker: Any
+    page_size: int
+    req_to_token_pool: Any
+    allocator: Any
+    pending_outputs: list[Req]
+    fault_injector: FaultInjector
+
+    def forward(self, reqs: list[Req], worker_batch: Any) -> GenerationBatchResult:
+        """The one place a batch meets the model (and the fault hook)."""
+        self.fault_injector.check("forward", [r.rid for r in reqs])
+        return self.tp_worker.forward_batch_generation(worker_batch)
+
+    def run_and_process(self, batch: Any) -> None:
+        """Run `batch`; on a containable error isolate the faulty request(s)."""
+        try:
+            result = self.tp_sync.share_result(self.run_batch(batch))
+        except Exception as exc:
+            if self.tp_sync.tp_size > 1 or is_fatal(exc):
+                raise
+            logger.exception("a forward failed; retrying its requests one by one")
+            self._isolate(batch)
+            return
+        self.process_batch_result(batch, result)
+
+    def _isolate(self, batch: Any) -> None:
+        if isinstance(batch, PrefillBatch):
+            self._isolate_prefill(batch)
+        else:
+            self._isolate_decode(batch)
+
+    def _isolate_prefill(self, batch: PrefillBatch) -> None:
+        good: list[tuple[Req, torch.Tensor, int, GenerationBatchResult]] = []
+        offset = 0
+        for req, prefix_len in zip(batch.reqs, batch.prefix_lens):
+            loc = batch.out_cache_loc[offset : offset + req.extend_len]
+            offset += req.extend_len
+            single = PrefillBatch(reqs=[req], out_cache_loc=loc, prefix_lens=[prefix_len])
+            try:
+                result = self.forward([req], single.to_worker_batch(self._sampling_info([req])))
+            except Exception as exc:
+                self.abort_on_error(req, exc, computed_end=req.kv_len + req.extend_len)
+                continue
+            good.append((req, loc, prefix_len, result))
+        if good:
+            merged = PrefillBatch(
+                reqs=[g[0] for g in good],
+                out_cache_loc=torch.cat([g[1] for g in good]),
+                prefix_lens=[g[2] for g in good],
+            )
+            self.process_batch_result(merged, merge_results([g[3] for g in good]))
+
+    def _isolate_decode(self, step: Any) -> None:
+        reqs = list(self.running.reqs)
+        results: list[GenerationBatchResult] = []
+        good_locs: list[torch.Tensor] = []
+        failed: list[Req] = []
+        for i, req in enumerate(reqs):
+            loc = step.out_cache_loc[i : i + 1]
+            single = RunningBatch()
+            single.add([req])
+            try:
+                worker_batch = single.to_worker_batch(loc, self._sampling_info([req]))
+                results.append(self.forward([req], worker_batch))
+                good_locs.append(loc)
+            except Exception as exc:
+                failed.append(req)
+                self.abort_on_error(req, exc, computed_end=req.kv_len + 1)
+        self.running.remove(failed)
+        if results:
+            step.out_cache_loc = torch.cat(good_locs)
+            self.process_batch_result(step, merge_results(results))
+
+    def abort_on_error(self, req: Req, exc: BaseException, computed_end: int) -> None:
+        """Abort `req` with `exc`: free the slots of positions [kv_len, computed_end)
+        that the failed forward was to fill, then release the request's KV."""
+        logger.error("request %s failed: %s: %s", req.rid, type(exc).__name__, exc)
+        self._free_uncomputed(req, computed_end)
+        req.finished_reason = internal_error_reason(exc)
+        self.release_req(req)
+        self.pending_outputs.append(req)
+
+    def _free_uncomputed(self, req: Req, end: int) -> None:
+        if req.req_pool_idx is None:
+            return
+        start = req.kv_len
+        if self.page_size > 1:
+            # The page holding position kv_len - 1 goes with the request's own tail
+            # (release_req frees it); only whole fresh pages are freed here.
+            start = -(-start // self.page_size) * self.page_size
+        if end > start:
+            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+            self.allocator.free(row[start:end].to(torch.int64))
