@@ -72,7 +72,7 @@ CASES = [
 def test_multi_token_stop_ends_generation_and_is_trimmed(tokenizer, text, stop, stream):
     stop_tokens = tokenizer.encode(stop, add_special_tokens=False)
     assert len(stop_tokens) > 1 or len(stop.encode()) > len(stop)
-    ids, finish = generate(tokenizer, text, [stop, "never-produced"])
+    ids, finish = generate(tokenizer, text, [stop, "@"])  # "@" never produced
     assert finish == {"type": "stop", "matched": stop}
     full = tokenizer.decode(ids)
     assert full.endswith(stop) or stop in full[-len(stop) - 8 :]

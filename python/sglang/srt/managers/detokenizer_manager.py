@@ -46,6 +46,23 @@ def find_stop(text: str, stop_strs: Sequence[str]) -> tuple[int, str] | None:
     return best
 
 
+# Tokens decoded in front of a stop string's own (see stop_window_tokens).
+STOP_WINDOW_MARGIN = 4
+
+
+def stop_window_tokens(stop_strs: Sequence[str]) -> int:
+    """Output tokens whose decode must contain any stop string the last token completed.
+
+    A token decodes to at least one byte, so a stop of b UTF-8 bytes spans at
+    most b tokens; the margin gives its first token the context it decodes in."""
+    return max(len(s.encode("utf-8")) for s in stop_strs) + STOP_WINDOW_MARGIN
+
+
+def trim_incomplete_utf8(text: str) -> str:
+    """`text` without the U+FFFD run that an incomplete trailing character decodes to."""
+    return text.rstrip(REPLACEMENT_CHAR)
+
+
 def partial_stop_len(text: str, stop_strs: Sequence[str]) -> int:
     """Length of the longest tail of `text` that is a proper prefix of a stop string."""
     longest = 0
