@@ -23,13 +23,13 @@ def test_round_trip_argv_server_args_argv():
         "--tp-size", "2",
         "--enable-metrics",
         "--mem-fraction-static", "0.5",
-        "--lora-paths", "a=/x", "b=/y",
         "--attention-backend", "torch_native",
-        "--speculative-algorithm", "NGRAM",
+        "--sampling-backend", "pytorch",
+        "--grammar-backend", "none",
         "--watchdog-timeout", "12.5",
     ]  # fmt: skip
     sa = prepare_server_args(argv)
-    assert sa.tp_size == 2 and sa.enable_metrics and sa.lora_paths == ["a=/x", "b=/y"]
+    assert sa.tp_size == 2 and sa.enable_metrics and sa.grammar_backend == "none"
     assert not sa.is_resolved
     again = prepare_server_args(to_cli_args(sa))
     assert again == sa

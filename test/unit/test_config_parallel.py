@@ -23,18 +23,38 @@ def publish_topology(**fields) -> None:
 
 
 def test_quotients_are_computed_at_publish():
-    publish_topology(tp_size=4, dp_size=2, enable_dp_attention=True, ep_size=2)
+    publish_topology(tp_size=4)
     p = get_parallel()
-    assert (p.attn_tp_size, p.attn_dp_size) == (2, 2)
-    assert (p.moe_tp_size, p.moe_ep_size) == (2, 2)
+    assert (p.attn_tp_size, p.attn_dp_size) == (4, 1)
+    assert (p.moe_tp_size, p.moe_ep_size) == (4, 1)
     assert (p.dcp_enabled, p.attn_dcp_size) == (False, 1)
-    assert p.tp_size == 4 and p.dp_size == 2
+    assert p.tp_size == 4 and p.dp_size == 1
 
 
-def test_dcp_quotients():
-    publish_topology(tp_size=2, decode_context_parallel_size=2)
-    assert get_parallel().dcp_enabled is True
-    assert get_parallel().attn_dcp_size == 2
+def _quotients(**topology) -> dict:
+    # dp_size, ep_size, dp-attention and decode CP are refused until they land (no
+    # ServerArgs can carry them), so their quotients are checked on the Derived fns.
+    from types import SimpleNamespace
+
+    from sglang.srt.server_args import server_args_derived
+
+    base = {
+        "tp_size": 1,
+        "dp_size": 1,
+        "ep_size": 1,
+        "enable_dp_attention": False,
+        "decode_context_parallel_size": 1,
+    }
+    view = SimpleNamespace(**{**base, **topology})
+    return {name: d.fn(view) for name, (_, d) in server_args_derived().items()}
+
+
+def test_quotients_of_refused_topologies():
+    q = _quotients(tp_size=4, dp_size=2, enable_dp_attention=True, ep_size=2)
+    assert (q["attn_tp_size"], q["attn_dp_size"]) == (2, 2)
+    assert (q["moe_tp_size"], q["moe_ep_size"]) == (2, 2)
+    q = _quotients(tp_size=2, decode_context_parallel_size=2)
+    assert (q["dcp_enabled"], q["attn_dcp_size"]) == (True, 2)
 
 
 def test_overriding_tp_size_does_not_move_attn_tp_size():

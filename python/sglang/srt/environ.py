@@ -5,8 +5,8 @@
     with envs.SGLANG_NUM_THREADS.override(4): ...   # scoped, for tests
 
 A bad value for a typed or enum-like variable raises ValueError naming the
-variable and what it accepts. Add a variable here, with help text, before
-reading it anywhere.
+variable and what it accepts. Add a variable here, with help text, in the same
+change that reads it: a test fails for a variable nothing reads.
 """
 
 from __future__ import annotations
@@ -135,19 +135,6 @@ class Envs:
     SGLANG_NUM_THREADS = EnvVar(
         "SGLANG_NUM_THREADS", "int", None, "Torch intra-op threads per process (CPU)."
     )
-    SGLANG_IPC_DIR = EnvVar(
-        "SGLANG_IPC_DIR", "path", None, "Directory for ipc:// socket files. Default: a tempdir."
-    )
-    SGLANG_TEST_MODEL_PATH = EnvVar(
-        "SGLANG_TEST_MODEL_PATH",
-        "path",
-        None,
-        "Checkpoint the server tests use instead of a built one.",
-    )
-    SGLANG_IS_IN_CI = EnvVar("SGLANG_IS_IN_CI", "bool", False, "Set by CI runs.")
-    SGLANG_WATCHDOG_DISABLE = EnvVar(
-        "SGLANG_WATCHDOG_DISABLE", "bool", False, "Disable the scheduler watchdog (debugging)."
-    )
     SGLANG_HEALTH_CHECK_TIMEOUT = EnvVar(
         "SGLANG_HEALTH_CHECK_TIMEOUT", "float", 20.0, "Seconds /health_generate waits for a token."
     )
@@ -162,8 +149,8 @@ class Envs:
         "SGLANG_FAULT_INJECT",
         "str",
         None,
-        "Testing only: `<site>:<marker>` makes <site> (forward, detokenize) raise for "
-        "requests whose rid contains <marker>, to exercise fault containment.",
+        "Testing only: `<site>:<marker>[,...]` makes <site> (forward, detokenize) raise "
+        "for requests whose rid contains <marker>, to exercise fault containment.",
     )
     SGLANG_CHILD_READY_TIMEOUT = EnvVar(
         "SGLANG_CHILD_READY_TIMEOUT",

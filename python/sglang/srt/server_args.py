@@ -34,7 +34,14 @@ from sglang.srt.arg_groups import (
     ServingArgs,
     SpecArgs,
 )
-from sglang.srt.arg_groups.arg_utils import NS_ATTR, derived_of, group_title, namespace_of
+from sglang.srt.arg_groups.arg_utils import (
+    NS_ATTR,
+    derived_of,
+    flag_of,
+    group_title,
+    namespace_of,
+    support_note,
+)
 from sglang.srt.arg_groups.overrides import (
     STASH_ATTR,
     ResolutionStash,
@@ -43,7 +50,7 @@ from sglang.srt.arg_groups.overrides import (
     stash_of,
 )
 from sglang.srt.arg_groups.resolvers import RESOLVERS
-from sglang.srt.arg_groups.validation import validate
+from sglang.srt.arg_groups.validation import check_refusals, validate, warn_noops
 
 __all__ = [
     "ServerArgs",
@@ -75,6 +82,10 @@ class ServerArgs(
     DeviceArgs,
 ):
     """Every server option as a flat field; the declaring class gives its namespace."""
+
+    def __post_init__(self) -> None:
+        # A flag that is not implemented is refused where the operator typed it.
+        check_refusals(self, dataclasses.fields(self))
 
     def __setattr__(self, name: str, value: Any) -> None:
         if STASH_ATTR in self.__dict__:
@@ -108,6 +119,7 @@ class ServerArgs(
         except BaseException:
             del self.__dict__[STASH_ATTR]
             raise
+        warn_noops(view, dataclasses.fields(self))
         return self
 
     def resolved_dict(self) -> dict[str, Any]:
@@ -167,10 +179,6 @@ def resolution_sources(server_args: ServerArgs, name: str) -> list[str]:
 # ---- CLI: one flag per field, one argument group per namespace ----
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def _cli_type(hint: Any) -> Any:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     base = args[0] if args else hint
@@ -182,8 +190,11 @@ def _cli_type(hint: Any) -> Any:
 def _add_field(group: Any, f: dataclasses.Field, hint: Any) -> None:
     meta = f.metadata
     help_text = meta["help"]
+    note = support_note(f)
+    if note:
+        help_text = f"{help_text} {note}"
     if _cli_type(hint) is bool:
-        group.add_argument(_flag(f.name), action="store_true", help=help_text)
+        group.add_argument(flag_of(f.name), action="store_true", help=help_text)
         return
     kwargs: dict[str, Any] = {"type": meta.get("cli_type") or _cli_type(hint), "help": help_text}
     for key in ("choices", "nargs", "metavar"):
@@ -191,7 +202,7 @@ def _add_field(group: Any, f: dataclasses.Field, hint: Any) -> None:
             kwargs[key] = list(meta[key]) if key == "choices" else meta[key]
     if f.default is not None and "default:" not in help_text.lower():
         kwargs["help"] = f"{help_text} (default: {f.default})"
-    group.add_argument(_flag(f.name), default=f.default, **kwargs)
+    group.add_argument(flag_of(f.name), default=f.default, **kwargs)
 
 
 def build_parser(prog: str = "python -m sglang.launch_server") -> argparse.ArgumentParser:
@@ -202,7 +213,10 @@ def build_parser(prog: str = "python -m sglang.launch_server") -> argparse.Argum
     hints = typing.get_type_hints(ServerArgs)
     fields = {f.name: f for f in dataclasses.fields(ServerArgs)}
     for cls in NAMESPACE_GROUPS:
-        group = parser.add_argument_group(group_title(cls.__dict__[NS_ATTR]), cls.__doc__)
+        doc = cls.__doc__
+        if doc and doc.startswith(f"{cls.__name__}("):  # dataclass's generated signature
+            doc = None
+        group = parser.add_argument_group(group_title(cls.__dict__[NS_ATTR]), doc)
         for name in cls.__dict__.get("__annotations__", {}):
             _add_field(group, fields[name], hints[name])
     return parser
@@ -212,8 +226,8 @@ def prepare_server_args(argv: list[str]) -> ServerArgs:
     """Parse launcher flags into an unresolved ServerArgs; bad flags exit 2 (argparse)."""
     parser = build_parser()
     namespace = parser.parse_args(argv)
-    server_args = ServerArgs(**{name: getattr(namespace, name) for name in FIELD_NAMES})
     try:
+        server_args = ServerArgs(**{name: getattr(namespace, name) for name in FIELD_NAMES})
         validate(server_args, dataclasses.fields(server_args))
     except ValueError as exc:
         parser.error(str(exc))
@@ -228,12 +242,18 @@ def to_cli_args(server_args: ServerArgs) -> list[str]:
         if value == f.default:
             continue
         if isinstance(value, bool):
-            argv.append(_flag(f.name))
+            argv.append(flag_of(f.name))
         elif isinstance(value, list):
-            argv += [_flag(f.name), *map(str, value)]
+            argv += [flag_of(f.name), *map(str, value)]
         else:
-            argv += [_flag(f.name), str(value)]
+            argv += [flag_of(f.name), str(value)]
     return argv
+
+
+def flag_support_notes() -> dict[str, str]:
+    """Flag -> the note `--help` and docs/config.md give a refused or no-op field."""
+    notes = {flag_of(f.name): support_note(f) for f in dataclasses.fields(ServerArgs)}
+    return {flag: note for flag, note in notes.items() if note}
 
 
 def server_args_namespaces() -> dict[str, str]:

@@ -14,5 +14,8 @@ class DisaggArgs:
     _NS_PATH = "disagg"
 
     disaggregation_mode: str = arg(
-        "null", "Role in a disaggregated deployment.", choices=DISAGGREGATION_MODE_CHOICES
+        "null",
+        "Role in a disaggregated deployment.",
+        choices=DISAGGREGATION_MODE_CHOICES,
+        unsupported="prefill/decode disaggregation",
     )

@@ -15,6 +15,7 @@ CUDA_ONLY_ATTENTION_BACKENDS = ("triton", "flashinfer")
 SAMPLING_BACKEND_CHOICES = ("pytorch", "flashinfer")
 KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 GRAMMAR_BACKEND_CHOICES = ("xgrammar", "outlines", "llguidance", "none")
+CUDA_GRAPHS_ON_CPU = "CUDA graphs exist only on CUDA devices"
 
 
 @dataclass(kw_only=True)
@@ -36,10 +37,18 @@ class ExecKernelArgs:
         choices=ATTENTION_BACKEND_CHOICES,
     )
     sampling_backend: str | None = arg(
-        None, "Sampling kernels. Default: pytorch.", choices=SAMPLING_BACKEND_CHOICES
+        None,
+        "Sampling kernels. Default: pytorch.",
+        choices=SAMPLING_BACKEND_CHOICES,
+        unsupported="flashinfer sampling kernels",
+        unsupported_values=("flashinfer",),
     )
     kv_cache_dtype: str = arg(
-        "auto", "KV cache dtype; 'auto' follows the model dtype.", choices=KV_CACHE_DTYPE_CHOICES
+        "auto",
+        "KV cache dtype; 'auto' follows the model dtype.",
+        choices=KV_CACHE_DTYPE_CHOICES,
+        unsupported="fp8 KV cache",
+        unsupported_values=("fp8_e4m3", "fp8_e5m2"),
     )
 
 
@@ -47,9 +56,25 @@ class ExecKernelArgs:
 class ExecGraphArgs:
     _NS_PATH = "exec.graph"
 
-    disable_cuda_graph: bool = arg(False, "Do not capture CUDA graphs for decode.")
-    cuda_graph_max_bs: int | None = arg(None, "Largest batch size captured in a CUDA graph.")
-    enable_torch_compile: bool = arg(False, "Compile the model forward with torch.compile.")
+    disable_cuda_graph: bool = arg(
+        False,
+        "Do not capture CUDA graphs for decode.",
+        noop_on={
+            "cpu": CUDA_GRAPHS_ON_CPU,
+            "cuda": "CUDA graphs are not captured yet, decode always runs eagerly",
+        },
+    )
+    cuda_graph_max_bs: int | None = arg(
+        None,
+        "Largest batch size captured in a CUDA graph.",
+        noop_on={"cpu": CUDA_GRAPHS_ON_CPU},
+        unsupported="CUDA graph capture",
+    )
+    enable_torch_compile: bool = arg(
+        False,
+        "Compile the model forward with torch.compile.",
+        unsupported="torch.compile of the model forward",
+    )
 
 
 @dataclass(kw_only=True)
@@ -58,8 +83,10 @@ class ExecFeaturesArgs:
 
     grammar_backend: str | None = arg(
         None,
-        "Constrained-decoding backend. Default: xgrammar.",
+        "Constrained-decoding backend. Default: none.",
         choices=GRAMMAR_BACKEND_CHOICES,
+        unsupported="constrained decoding",
+        unsupported_values=("xgrammar", "outlines", "llguidance"),
     )
     num_threads: int | None = arg(
         None, "CPU intra-op threads for torch. Default: torch's own choice."

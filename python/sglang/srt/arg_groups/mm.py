@@ -11,4 +11,6 @@ from sglang.srt.arg_groups.arg_utils import arg
 class MultimodalArgs:
     _NS_PATH = "mm"
 
-    enable_multimodal: bool = arg(False, "Accept image inputs (multimodal models).")
+    enable_multimodal: bool = arg(
+        False, "Accept image inputs (multimodal models).", unsupported="multimodal inputs"
+    )

@@ -21,7 +21,10 @@ class ModelArgs:
     )
     tokenizer_path: str | None = arg(None, "Tokenizer directory or hub id. Default: model path.")
     tokenizer_mode: str = arg(
-        "auto", "Tokenizer mode: 'auto' uses the fast tokenizer.", choices=TOKENIZER_MODE_CHOICES
+        "auto",
+        "Tokenizer mode: 'auto' uses the fast tokenizer.",
+        choices=TOKENIZER_MODE_CHOICES,
+        unsupported="tokenizer modes",
     )
     skip_tokenizer_init: bool = arg(
         False, "Do not load a tokenizer; requests carry input_ids and return output_ids."

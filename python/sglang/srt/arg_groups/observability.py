@@ -19,4 +19,6 @@ class ObservabilityArgs:
     watchdog_timeout: float = arg(
         300.0, "Seconds a scheduler step may take before the watchdog kills the server."
     )
-    show_time_cost: bool = arg(False, "Log the time spent in each stage.")
+    show_time_cost: bool = arg(
+        False, "Log the time spent in each stage.", unsupported="per-stage timing logs"
+    )

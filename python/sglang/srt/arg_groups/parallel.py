@@ -28,19 +28,25 @@ class ParallelArgs:
     _NS_PATH = "parallel"
 
     tp_size: int = arg(1, "Tensor parallel size (ranks per model replica).")
-    dp_size: int = arg(1, "Data parallel size (model replicas).")
-    pp_size: int = arg(1, "Pipeline parallel size.")
-    ep_size: int = arg(1, "Expert parallel size (MoE models).")
-    nnodes: int = arg(1, "Number of nodes the ranks are spread over.")
-    node_rank: int = arg(0, "Rank of this node, 0-based.")
+    dp_size: int = arg(1, "Data parallel size (model replicas).", unsupported="data parallelism")
+    pp_size: int = arg(1, "Pipeline parallel size.", unsupported="pipeline parallelism")
+    ep_size: int = arg(1, "Expert parallel size (MoE models).", unsupported="expert parallelism")
+    nnodes: int = arg(
+        1, "Number of nodes the ranks are spread over.", unsupported="multi-node serving"
+    )
+    node_rank: int = arg(0, "Rank of this node, 0-based.", unsupported="multi-node serving")
     dist_init_addr: str | None = arg(
         None, "host:port of the torch.distributed rendezvous (multi-node)."
     )
     enable_dp_attention: bool = arg(
-        False, "Data-parallel attention: split the TP ranks into dp_size attention groups."
+        False,
+        "Data-parallel attention: split the TP ranks into dp_size attention groups.",
+        unsupported="data-parallel attention",
     )
     decode_context_parallel_size: int = arg(
-        1, "Decode context parallel size: shard the KV cache across TP ranks."
+        1,
+        "Decode context parallel size: shard the KV cache across TP ranks.",
+        unsupported="decode context parallelism",
     )
 
     attn_dp_size = Derived(fn=_attn_dp_size, help="Attention data-parallel width.")

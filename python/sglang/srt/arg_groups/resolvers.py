@@ -158,7 +158,8 @@ def resolve_random_seed(c: Any) -> Resolved:
 def resolve_grammar_backend(c: Any) -> Resolved:
     if c.grammar_backend is not None:
         return None
-    return "grammar_backend_default", {"grammar_backend": "xgrammar"}
+    # "none" until constrained decoding lands (then xgrammar): /server_info tells the truth.
+    return "grammar_backend_default", {"grammar_backend": "none"}
 
 
 def resolve_from_env(c: Any) -> Resolved:

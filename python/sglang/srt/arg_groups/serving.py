@@ -18,6 +18,10 @@ class ServingArgs:
         None, "Model name reported by /v1/models. Default: model path."
     )
     chat_template: str | None = arg(None, "Chat template name or file. Default: the tokenizer's.")
-    reasoning_parser: str | None = arg(None, "Reasoning-content parser name.")
-    tool_call_parser: str | None = arg(None, "Tool-call parser name.")
+    reasoning_parser: str | None = arg(
+        None, "Reasoning-content parser name.", unsupported="reasoning parsers"
+    )
+    tool_call_parser: str | None = arg(
+        None, "Tool-call parser name.", unsupported="tool-call parsers"
+    )
     skip_server_warmup: bool = arg(False, "Skip the warmup request after start.")

@@ -2,14 +2,21 @@
 
 `validate(view, fields)` runs on the raw record (the CLI, before resolution; None
 values are skipped) and again on the resolution result inside `resolve_once()`.
+`check_refusals` (part of `validate`, and run by `ServerArgs.__post_init__`)
+refuses the values a field's `unsupported=` declaration names; `warn_noops`
+logs, at resolution, each field set on a device its `noop_on=` names.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
+from sglang.srt.arg_groups.arg_utils import flag_of, is_refused_value
 from sglang.srt.arg_groups.exec_ import CUDA_ONLY_ATTENTION_BACKENDS
+
+logger = logging.getLogger(__name__)
 
 # field -> smallest accepted value (inclusive).
 MIN_VALUES: dict[str, int | float] = {
@@ -82,6 +89,57 @@ def _check_backends(c: Any) -> None:
             )
 
 
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return str(value)
+
+
+def refusal_message(f: dataclasses.Field, value: Any) -> str:
+    """Names the flag and the field, the value, and the issue it waits for."""
+    flag = flag_of(f.name) if isinstance(value, bool) else f"{flag_of(f.name)} {_shown(value)}"
+    if f.default is None or f.default is False:
+        leave = "leave it unset" if f.default is None else "leave it off"
+    else:
+        leave = f"leave it at its default {_shown(f.default)}"
+    return (
+        f"{flag} ({f.name}={value!r}) is not supported yet "
+        f"(issue: {f.metadata['unsupported']}); {leave}"
+    )
+
+
+def check_refusals(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
+    """Raise ValueError for the first value an `unsupported=` declaration refuses.
+
+    A field that is also a no-op on some devices is refused only off those devices;
+    while the device is still 'auto' (before resolution) the check waits for it.
+    """
+    for f in fields:
+        value = getattr(c, f.name)
+        if not is_refused_value(f, value):
+            continue
+        noop = f.metadata.get("noop_on") or {}
+        if noop and (c.device == "auto" or c.device in noop):
+            continue
+        raise ValueError(refusal_message(f, value))
+
+
+def noop_fields(c: Any, fields: tuple[dataclasses.Field, ...]) -> list[tuple[str, str]]:
+    """(field, why) for each field set to a non-default value on a device it has no effect on."""
+    out = []
+    for f in fields:
+        why = (f.metadata.get("noop_on") or {}).get(c.device)
+        if why is not None and getattr(c, f.name) != f.default:
+            out.append((f.name, why))
+    return out
+
+
+def warn_noops(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
+    """Log a warning for each flag that has no effect on the resolved device."""
+    for name, why in noop_fields(c, fields):
+        logger.warning("%s has no effect on %s: %s", flag_of(name), c.device, why)
+
+
 def validate(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
     """Raise ValueError for the first bad value in `c` (a record or a resolved view)."""
     for f in fields:
@@ -90,6 +148,7 @@ def validate(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
             _check_choices(f.name, getattr(c, f.name), choices)
     for name, low in MIN_VALUES.items():
         _check_min(name, getattr(c, name), low)
+    check_refusals(c, fields)
     _check_ranges(c)
     _check_topology(c)
     _check_backends(c)

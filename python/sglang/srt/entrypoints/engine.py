@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CHILD_READY_TIMEOUT_S = 600.0
 WATCHDOG_POLL_S = 0.2
 
 
@@ -163,12 +162,14 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
 
     On any failure every started child is stopped before the error propagates.
     """
+    from sglang.srt.environ import envs
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
     from sglang.srt.managers.scheduler import run_scheduler_process
     from sglang.srt.server_args import resolution_result
 
+    # Unsupported topologies (dp_size, pp_size, nnodes > 1) are refused when the
+    # ServerArgs is built or resolved (arg_groups: unsupported=...), not here.
     server_args.resolve_once()
-    _check_supported(server_args)
     tp_size = int(resolution_result(server_args, "tp_size"))
     port_args = PortArgs.init_new(resolution_result(server_args, "dist_init_addr"))
     children = ChildProcesses(port_args)
@@ -187,9 +188,8 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
         )
         children.procs.append(("detokenizer", detok))
         readers.append(("detokenizer", detok, detok_reader))
-        infos = [
-            _wait_ready(role, proc, reader, CHILD_READY_TIMEOUT_S) for role, proc, reader in readers
-        ]
+        ready_timeout_s = envs.SGLANG_CHILD_READY_TIMEOUT.get()
+        infos = [_wait_ready(role, proc, reader, ready_timeout_s) for role, proc, reader in readers]
         tokenizer_manager = TokenizerManager(server_args, port_args, ready_info=infos[0])
     except BaseException:
         children.shutdown()
@@ -197,14 +197,6 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
     children.on_death.append(tokenizer_manager.on_child_death)
     children.start_watchdog()
     return tokenizer_manager, children
-
-
-def _check_supported(server_args: Any) -> None:
-    from sglang.srt.server_args import resolution_result
-
-    for name in ("dp_size", "pp_size", "nnodes"):
-        if resolution_result(server_args, name) != 1:
-            raise NotImplementedError(f"{name} > 1 is not supported by this runtime yet")
 
 
 # ----------------------------------------------------------------------------

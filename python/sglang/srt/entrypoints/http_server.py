@@ -49,11 +49,17 @@ logger = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health"})  # served without the API key
 HEALTH_TIMEOUT_S = 10.0
-HEALTH_GENERATE_TIMEOUT_S = 20.0
 GRACEFUL_SHUTDOWN_S = 10.0  # in-flight requests get this long before they are aborted
 WATCH_INTERVAL_S = 1.0
 DEAD_GRACE_S = 2.0  # /health answers 503 this long before a server with a dead child exits
 WARMUP_PROMPT = "The capital of France is"
+
+
+def _health_generate_timeout_s() -> float:
+    """Seconds /health_generate waits for a token (SGLANG_HEALTH_CHECK_TIMEOUT, default 20)."""
+    from sglang.srt.environ import envs
+
+    return envs.SGLANG_HEALTH_CHECK_TIMEOUT.get()
 
 
 class ServerStatus(str, enum.Enum):
@@ -201,7 +207,7 @@ async def health_generate(raw_request: Request) -> Response:
     if state.status is not ServerStatus.READY:
         return JSONResponse({"status": state.status.value}, status_code=503)
     try:
-        await generate_one_token(state.tokenizer_manager, HEALTH_GENERATE_TIMEOUT_S)
+        await generate_one_token(state.tokenizer_manager, _health_generate_timeout_s())
     except Exception as exc:
         logger.warning("health_generate failed: %s", exc)
         return JSONResponse({"status": "unhealthy", "message": str(exc)}, status_code=503)
@@ -360,7 +366,7 @@ async def _warmup(server: _Server) -> None:
         return
     if not get_serving().skip_server_warmup:
         try:
-            await generate_one_token(state.tokenizer_manager, HEALTH_GENERATE_TIMEOUT_S * 3)
+            await generate_one_token(state.tokenizer_manager, _health_generate_timeout_s() * 3)
         except Exception as exc:
             logger.error("warmup generation failed: %s", exc)
             _fail(server, "warmup failed")
