@@ -57,11 +57,13 @@ def _kill_group_quietly(pgid: int) -> None:
         pass
 
 
-def start_server(model_dir: Path, log_path: Path, *extra: str) -> ServerProcess:
+def start_server(
+    model_dir: Path, log_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> ServerProcess:
     port = free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
            "--port", str(port), *SMALL_SERVER_FLAGS, *extra]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # fmt: skip

@@ -157,11 +157,15 @@ class FakeTokenizerManager:
 
     # --- control ------------------------------------------------------------------------
 
-    def abort_request(self, rid: str) -> None:
+    def abort_request(self, rid: str, message: str = "", *, with_samples: bool = False) -> bool:
         self.aborted.add(rid)
+        return rid in self.running
 
     async def flush_cache(self) -> bool:
         return not self.running
+
+    def seconds_since_output(self) -> float:
+        return float("inf")  # /health always asks get_internal_state
 
     async def get_internal_state(self) -> list[dict[str, Any]]:
         return [{"num_running_reqs": len(self.running), "num_queued_reqs": 0, "token_usage": 0.1,

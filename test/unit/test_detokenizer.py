@@ -91,3 +91,60 @@ def test_batch_of_requests_independent(tokenizer):
     d1 = detok.step(["a", "b"], [a[:2], b[:1]], [None, None], [p, p])
     d2 = detok.step(["a", "b"], [a[2:], b[1:]], [{"type": "stop"}, {"type": "stop"}], [None, None])
     assert d1[0] + d2[0] == "alpha beta" and d1[1] + d2[1] == "gamma"
+
+
+class _PoisonTokenizer:
+    """Wraps a tokenizer; decoding any sequence holding POISON raises."""
+
+    POISON = 7
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def batch_decode(self, seqs, **kw):
+        if any(self.POISON in seq for seq in seqs):
+            raise RuntimeError("cannot decode token 7")
+        return self.inner.batch_decode(seqs, **kw)
+
+
+def _token_batch(rids, new_ids, finished, params):
+    from sglang.srt.managers.io_struct import BatchTokenIDOutput
+
+    n = len(rids)
+    return BatchTokenIDOutput(
+        rids=rids,
+        new_output_ids=new_ids,
+        finished_reasons=finished,
+        prompt_tokens=[1] * n,
+        completion_tokens=[len(x) for x in new_ids],
+        cached_tokens=[0] * n,
+        queue_times=[None] * n,
+        decode_params=params,
+    )
+
+
+def test_one_undecodable_request_fails_alone(tokenizer):
+    """The faulty request ends with a 500 abort from the detokenizer; the others in
+    the same batch get exactly the text they would have got alone."""
+    from sglang.srt.managers.detokenizer_manager import DetokenizerManager
+
+    manager = DetokenizerManager(_PoisonTokenizer(tokenizer), None, None)
+    good = tokenizer.encode("hello world, again")
+    params = DecodeParams(stream=True)
+    first = _token_batch(
+        ["a", "bad", "b"], [good[:3], [5, _PoisonTokenizer.POISON], good[:2]],
+        [None, None, None], [params, params, params],
+    )  # fmt: skip
+    out = manager.handle(first)
+    assert out.finished_reasons[1]["type"] == "abort"
+    assert out.finished_reasons[1]["status_code"] == 500
+    assert out.finished_reasons[1]["origin"] == "detokenizer"
+    assert out.finished_reasons[0] is None and out.finished_reasons[2] is None
+    done = {"type": "length", "matched": None}
+    last = _token_batch(
+        ["a", "bad", "b"], [good[3:], [9], good[2:]], [done, done, done], [None] * 3
+    )
+    out2 = manager.handle(last)
+    assert out.new_texts[0] + out2.new_texts[0] == tokenizer.decode(good)
+    assert out.new_texts[2] + out2.new_texts[2] == tokenizer.decode(good)
+    assert out2.new_texts[1] == "" and not manager.failed_rids and not manager.detok.states

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from sglang import __version__
+from sglang.srt.environ import envs
 from sglang.srt.entrypoints.openai.errors import APIError, install_error_handlers, parse_body
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -48,17 +49,15 @@ from sglang.srt.parser.chat_template import load_chat_template
 logger = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health"})  # served without the API key
-HEALTH_TIMEOUT_S = 10.0
 GRACEFUL_SHUTDOWN_S = 10.0  # in-flight requests get this long before they are aborted
 WATCH_INTERVAL_S = 1.0
 DEAD_GRACE_S = 2.0  # /health answers 503 this long before a server with a dead child exits
 WARMUP_PROMPT = "The capital of France is"
+WARMUP_INPUT_IDS = [10, 11, 12, 13, 14]  # the prompt under --skip-tokenizer-init
 
 
 def _health_generate_timeout_s() -> float:
     """Seconds /health_generate waits for a token (SGLANG_HEALTH_CHECK_TIMEOUT, default 20)."""
-    from sglang.srt.environ import envs
-
     return envs.SGLANG_HEALTH_CHECK_TIMEOUT.get()
 
 
@@ -173,9 +172,15 @@ async def health(raw_request: Request) -> Response:
 
 
 async def _scheduler_answers(tokenizer_manager: Any) -> bool:
-    """A hung scheduler loop (alive, but stuck) fails this; a busy one answers within a step."""
+    """A hung scheduler loop (alive, but stuck) fails this; a busy one answers within a step.
+
+    Output from the runtime within the timeout counts as an answer, so /health stays
+    fast while a burst of requests keeps the scheduler busy."""
+    timeout_s = envs.SGLANG_HEALTH_TIMEOUT.get()
+    if tokenizer_manager.seconds_since_output() < timeout_s:
+        return True
     try:
-        await asyncio.wait_for(tokenizer_manager.get_internal_state(), HEALTH_TIMEOUT_S)
+        await asyncio.wait_for(tokenizer_manager.get_internal_state(), timeout_s)
     except Exception as exc:  # timeout, or the runtime died meanwhile
         logger.warning("health check: scheduler did not answer (%r)", exc)
         return False
@@ -183,10 +188,15 @@ async def _scheduler_answers(tokenizer_manager: Any) -> bool:
 
 
 async def generate_one_token(tokenizer_manager: Any, timeout_s: float) -> None:
-    """Raise unless a 1-token greedy generation finishes within `timeout_s`."""
-    obj = GenerateReqInput(
-        text=WARMUP_PROMPT, sampling_params={"max_new_tokens": 1, "temperature": 0.0}
-    )
+    """Raise unless a 1-token greedy generation finishes within `timeout_s`
+    (token ids when the server has no tokenizer: --skip-tokenizer-init)."""
+    params = {"max_new_tokens": 1, "temperature": 0.0}
+    if tokenizer_manager.tokenizer is None:
+        vocab_size = tokenizer_manager.model_config.vocab_size
+        ids = [i % vocab_size for i in WARMUP_INPUT_IDS]
+        obj = GenerateReqInput(input_ids=ids, sampling_params=params)
+    else:
+        obj = GenerateReqInput(text=WARMUP_PROMPT, sampling_params=params)
 
     async def run() -> None:
         async for output in tokenizer_manager.generate_request(obj):
@@ -259,9 +269,11 @@ class AbortRequestBody(BaseModel):
 
 @router.post("/abort_request")
 async def abort_request(raw_request: Request) -> dict[str, Any]:
+    """200 either way: `success` says whether the request (or, for n > 1, one of
+    its samples `<rid>-<k>`) was in flight and is now being aborted."""
     body = await parse_body(raw_request, AbortRequestBody)
-    server_state(raw_request).tokenizer_manager.abort_request(body.rid)
-    return {"success": True, "rid": body.rid}
+    found = server_state(raw_request).tokenizer_manager.abort_request(body.rid, with_samples=True)
+    return {"success": bool(found), "rid": body.rid}
 
 
 class UpdateWeightsBody(BaseModel):

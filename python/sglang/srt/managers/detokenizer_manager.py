@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang.srt.managers.io_struct import BatchStrOutput, BatchTokenIDOutput, DecodeParams
+from sglang.srt.managers.scheduler_parts.faults import FaultInjector, internal_error_reason
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,27 @@ class IncrementalDetokenizer:
                 self.states.pop(rid, None)
         return deltas
 
+    def snapshot(self, rids: list[str]) -> dict[str, tuple | None]:
+        """O(1) per request: what `restore` needs to undo a failed `step`."""
+        out: dict[str, tuple | None] = {}
+        for rid in rids:
+            st = self.states.get(rid)
+            out[rid] = (
+                None
+                if st is None
+                else (st, len(st.ids), st.surr_offset, st.read_offset, st.text, st.sent_len)
+            )
+        return out
+
+    def restore(self, saved: dict[str, tuple | None]) -> None:
+        for rid, snap in saved.items():
+            if snap is None:
+                self.states.pop(rid, None)
+                continue
+            st, num_ids, st.surr_offset, st.read_offset, st.text, st.sent_len = snap
+            del st.ids[num_ids:]
+            self.states[rid] = st
+
     def _state(self, rid: str, params: DecodeParams | None) -> DecodeState:
         state = self.states.get(rid)
         if state is None:
@@ -169,18 +191,64 @@ class IncrementalDetokenizer:
 
 
 class DetokenizerManager:
-    """Receives BatchTokenIDOutput, sends BatchStrOutput (process loop)."""
+    """Receives BatchTokenIDOutput, sends BatchStrOutput (process loop).
+
+    A batch whose decoding raises is decoded again one request at a time; a
+    request that still fails ends with an `abort` finish carrying status 500 and
+    `origin: detokenizer` (the TokenizerManager then aborts it in the scheduler),
+    and its later outputs are passed through undecoded until its finish arrives.
+    """
 
     def __init__(self, tokenizer: Any, recv_from_scheduler: Any, send_to_tokenizer: Any):
         self.detok = IncrementalDetokenizer(tokenizer)
         self.recv_from_scheduler = recv_from_scheduler
         self.send_to_tokenizer = send_to_tokenizer
+        self.fault_injector = FaultInjector.from_env()
+        self.failed_rids: set[str] = set()
 
     def handle(self, msg: BatchTokenIDOutput) -> BatchStrOutput:
-        deltas = self.detok.step(
-            msg.rids, msg.new_output_ids, msg.finished_reasons, msg.decode_params
+        live = [i for i, rid in enumerate(msg.rids) if rid not in self.failed_rids]
+        reasons = list(msg.finished_reasons)
+        deltas = [""] * len(msg.rids)
+        saved = self.detok.snapshot([msg.rids[i] for i in live])
+        try:
+            for i, delta in zip(live, self._step(msg, live)):
+                deltas[i] = delta
+        except Exception:
+            logger.exception("detokenizing a batch failed; retrying request by request")
+            self.detok.restore(saved)
+            for i in live:
+                deltas[i], reasons[i] = self._step_one(msg, i)
+        self._forget_finished(msg)
+        out = BatchStrOutput.from_token_output(msg, deltas)
+        out.finished_reasons = reasons
+        return out
+
+    def _step(self, msg: BatchTokenIDOutput, idx: list[int]) -> list[str]:
+        rids = [msg.rids[i] for i in idx]
+        self.fault_injector.check("detokenize", rids)
+        return self.detok.step(
+            rids,
+            [msg.new_output_ids[i] for i in idx],
+            [msg.finished_reasons[i] for i in idx],
+            [msg.decode_params[i] for i in idx],
         )
-        return BatchStrOutput.from_token_output(msg, deltas)
+
+    def _step_one(self, msg: BatchTokenIDOutput, i: int) -> tuple[str, dict[str, Any] | None]:
+        rid = msg.rids[i]
+        try:
+            return self._step(msg, [i])[0], msg.finished_reasons[i]
+        except Exception as exc:
+            logger.error("request %s: detokenizing failed: %s: %s", rid, type(exc).__name__, exc)
+            self.detok.states.pop(rid, None)
+            if msg.finished_reasons[i] is None:
+                self.failed_rids.add(rid)
+            return "", _detokenizer_error(exc)
+
+    def _forget_finished(self, msg: BatchTokenIDOutput) -> None:
+        for rid, reason in zip(msg.rids, msg.finished_reasons):
+            if reason is not None:
+                self.failed_rids.discard(rid)
 
     def event_loop(self) -> None:
         while True:
@@ -189,6 +257,12 @@ class DetokenizerManager:
                 self.send_to_tokenizer.send(self.handle(msg))
             else:
                 self.send_to_tokenizer.send(msg)
+
+
+def _detokenizer_error(exc: BaseException) -> dict[str, Any]:
+    reason = internal_error_reason(exc)
+    reason["origin"] = "detokenizer"
+    return reason
 
 
 def run_detokenizer_process(server_args: Any, port_args: Any, ready_writer: Any) -> None:

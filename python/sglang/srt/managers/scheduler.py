@@ -182,7 +182,7 @@ class Scheduler(
         if batch is not None:
             self._forward_started_at = time.monotonic()
             try:
-                self.run_and_process(batch)
+                self.run_contained(batch)
             finally:
                 self._forward_started_at = None
             self._checked_idle = False

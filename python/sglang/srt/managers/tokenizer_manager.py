@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -90,6 +91,7 @@ class TokenizerManager:
         self._dead_message: str | None = None
         self._handle_loop_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_output_at: float | None = None
 
     def _init_config(self, ready_info: dict[str, Any]) -> None:
         from sglang.srt.configs.model_config import ModelConfig
@@ -274,9 +276,19 @@ class TokenizerManager:
                 "sampling_params.max_new_tokens",
             )
 
-    def abort_request(self, rid: str, message: str = "Aborted by request.") -> None:
+    def abort_request(
+        self, rid: str, message: str = "Aborted by request.", *, with_samples: bool = False
+    ) -> bool:
+        """Abort `rid` and, with_samples (a client's abort), the samples `<rid>-<k>` it
+        was fanned out into (n > 1); returns whether any of them is in flight here.
+        An abort for `rid` itself is sent even when it is not (a request that just
+        left rid_to_state)."""
+        fanned = [r for r in self.rid_to_state if with_samples and _is_sample_of(r, rid)]
+        found = rid in self.rid_to_state or bool(fanned)
         if self._dead_message is None:
-            self.send_to_scheduler.send(AbortReq(rid=rid, message=message))
+            for r in [rid, *fanned]:
+                self.send_to_scheduler.send(AbortReq(rid=r, message=message))
+        return found
 
     # ------------------------------------------------------------------ outputs
 
@@ -318,9 +330,16 @@ class TokenizerManager:
             self._loop = loop
             self._handle_loop_task = loop.create_task(self._handle_loop())
 
+    def seconds_since_output(self) -> float:
+        """Seconds since the runtime last sent anything (inf before the first message)."""
+        if self._last_output_at is None:
+            return float("inf")
+        return time.monotonic() - self._last_output_at
+
     async def _handle_loop(self) -> None:
         while True:
             msg = await self.recv_from_detokenizer.recv()
+            self._last_output_at = time.monotonic()
             if isinstance(msg, BatchStrOutput):
                 self._handle_batch_output(msg)
             else:
@@ -404,6 +423,11 @@ class TokenizerManager:
 # ----------------------------------------------------------------------------
 # Request validation shared by the Engine and every HTTP route
 # ----------------------------------------------------------------------------
+
+
+def _is_sample_of(rid: str, parent: str) -> bool:
+    """`rid` is `<parent>-<k>`: sample k of a request fanned out for n > 1."""
+    return rid.startswith(parent + "-") and rid[len(parent) + 1 :].isdigit()
 
 
 def check_request_fields(obj: GenerateReqInput, vocab_size: int) -> None:

@@ -10,9 +10,10 @@ are not contained: they end the process and the launcher fails fast.
 With tensor parallelism every rank must run the same forwards, and a fault seen
 by one rank only cannot be isolated in step; there a forward error is fatal.
 
-`FaultInjector` is the testing hook behind SGLANG_FAULT_INJECT=`<site>:<marker>`:
-site `forward` raises in the forward of any batch holding a request whose rid
-contains the marker.
+`FaultInjector` is the testing hook behind SGLANG_FAULT_INJECT=`<site>:<marker>`
+(comma-separated for several): site `forward` raises in the forward of any batch
+holding a request whose rid contains the marker; site `detokenize` raises in the
+detokenizer for such a batch.
 """
 
 from __future__ import annotations
@@ -42,24 +43,26 @@ class InjectedFault(RuntimeError):
 
 
 class FaultInjector:
-    """SGLANG_FAULT_INJECT=`<site>:<marker>`: fail `site` for rids containing `marker`."""
+    """SGLANG_FAULT_INJECT=`<site>:<marker>[,<site>:<marker>...]`: fail `site` for
+    rids containing `marker`."""
 
     def __init__(self, spec: str | None) -> None:
-        self.site, self.marker = None, None
-        if spec:
-            site, sep, marker = spec.partition(":")
+        self.markers: dict[str, str] = {}
+        for item in filter(None, (spec or "").split(",")):
+            site, sep, marker = item.strip().partition(":")
             if not sep or not marker:
                 raise ValueError(f"SGLANG_FAULT_INJECT={spec!r}: expected <site>:<marker>")
-            self.site, self.marker = site, marker
+            self.markers[site] = marker
 
     @classmethod
     def from_env(cls) -> FaultInjector:
         return cls(envs.SGLANG_FAULT_INJECT.get())
 
     def check(self, site: str, rids: list[str]) -> None:
-        if self.site != site:
+        marker = self.markers.get(site)
+        if marker is None:
             return
-        hit = [rid for rid in rids if self.marker in rid]
+        hit = [rid for rid in rids if marker in rid]
         if hit:
             raise InjectedFault(f"injected {site} fault for request {hit[0]}")
 
@@ -110,7 +113,7 @@ class SchedulerFaultsMixin:
         self.fault_injector.check("forward", [r.rid for r in reqs])
         return self.tp_worker.forward_batch_generation(worker_batch)
 
-    def run_and_process(self, batch: Any) -> None:
+    def run_contained(self, batch: Any) -> None:
         """Run `batch`; on a containable error isolate the faulty request(s)."""
         try:
             result = self.tp_sync.share_result(self.run_batch(batch))

@@ -1,0 +1,175 @@
+"""One live server against what users and bad luck throw at it (issue 9).
+
+Malformed requests get a 400 naming the field and the server keeps serving;
+an injected fault in the forward or the detokenizer fails only the request it
+hits; a queue-full burst is refused with 429 + Retry-After, never frozen; and
+after all of it the KV pool is intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+import requests
+from http_server_fixture import start_server
+
+pytestmark = pytest.mark.slow
+
+FORWARD_MARKER = "poison-forward"
+DETOK_MARKER = "poison-detok"
+MAX_QUEUED = 128
+HEALTH_TIMEOUT_S = 5.0  # SGLANG_HEALTH_TIMEOUT's default: /health answers within it
+GREEDY = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("robust-server")
+    fault = f"forward:{FORWARD_MARKER},detokenize:{DETOK_MARKER}"
+    srv = start_server(
+        tiny_llama_dir,
+        workdir / "server.log",
+        "--max-queued-requests", str(MAX_QUEUED),
+        "--max-running-requests", "64",
+        env={"SGLANG_FAULT_INJECT": fault},
+    )  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+def post(server, path: str, body, **kw) -> requests.Response:
+    return requests.post(server.base_url + path, json=body, timeout=60, **kw)
+
+
+def assert_pool_intact(server, timeout_s: float = 20.0) -> None:
+    """Idle, nothing leaked, integrity check ok."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = requests.get(server.base_url + "/server_info", timeout=30).json()
+        state = state["internal_states"][0]
+        idle = state["num_running_reqs"] == 0 and state["num_queued_reqs"] == 0
+        if idle or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert idle, state
+    assert state["memory_integrity"] == "ok"
+    assert state["available_kv_tokens"] + state["cached_kv_tokens"] == state["max_total_num_tokens"]
+    assert state["free_req_slots"] == state["total_req_slots"]
+
+
+def assert_healthy(server) -> None:
+    assert requests.get(server.base_url + "/health", timeout=30).status_code == 200
+    out = post(server, "/generate", {"text": "def f(", "sampling_params": GREEDY})
+    assert out.status_code == 200 and len(out.json()["output_ids"]) == 8
+
+
+KILLERS = [
+    # Each of these took the whole server down before issue 9.
+    ({"sampling_params": {"max_new_tokens": 4, "seed": "x"}}, "sampling_params.seed"),
+    ({"sampling_params": {"max_new_tokens": 4, "seed": 1.5}}, "sampling_params.seed"),
+    ({"sampling_params": {"max_new_tokens": 4, "stop": [1]}}, "sampling_params.stop"),
+    (
+        {"sampling_params": {"max_new_tokens": 4, "min_new_tokens": 2, "stop_token_ids": [1.5]}},
+        "sampling_params.stop_token_ids.0",
+    ),
+    (
+        {"sampling_params": {"max_new_tokens": 4, "skip_special_tokens": "no"}},
+        "sampling_params.skip_special_tokens",
+    ),
+    ({"return_logprob": True, "top_logprobs_num": 100_000}, "top_logprobs_num"),
+    ({"sampling_params": {"max_new_tokens": 4, "stop_token_ids": [10**9]}}, "stop_token_ids"),
+    ({"sampling_params": {"max_new_tokens": 10**9}}, "max_new_tokens"),
+]
+
+
+@pytest.mark.parametrize("extra, param", KILLERS)
+def test_malformed_native_requests_are_400_and_server_survives(server, extra, param):
+    response = post(server, "/generate", {"text": "def f(", **extra})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert param in (error["param"] or ""), error
+    assert_healthy(server)
+
+
+def test_out_of_vocab_and_empty_prompts_are_400(server):
+    bad_ids = post(server, "/generate", {"input_ids": [1, 10**7], "sampling_params": GREEDY})
+    assert bad_ids.status_code == 400 and bad_ids.json()["error"]["param"] == "input_ids"
+    empty = post(server, "/generate", {"text": "", "sampling_params": GREEDY})
+    assert empty.status_code == 400 and "empty" in empty.json()["error"]["message"]
+    chat = post(server, "/v1/chat/completions", {"model": "default", "messages": []})
+    assert chat.status_code == 400
+    long_prompt = post(server, "/v1/completions", {"model": "default", "prompt": [5] * 5000})
+    assert long_prompt.status_code == 400
+    assert "context length" in long_prompt.json()["error"]["message"]
+
+
+async def _generate_all(server, bodies: list[dict]) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=len(bodies))
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=120, limits=limits) as client:
+        return await asyncio.gather(*(client.post("/generate", json=b) for b in bodies))
+
+
+@pytest.mark.parametrize("marker", [FORWARD_MARKER, DETOK_MARKER])
+def test_a_fault_fails_only_its_request(server, marker):
+    """64 concurrent requests, one of which makes the forward (or the detokenizer)
+    raise: it gets a 500 with the error, the 63 others get exactly the tokens they
+    get alone, the pool is intact, and the server keeps serving."""
+    prompts = [f"x = {i} + " for i in range(64)]
+    alone = [post(server, "/generate", {"text": p, "sampling_params": GREEDY}) for p in prompts]
+    expected = [r.json()["output_ids"] for r in alone]
+    bodies = [
+        {"text": p, "sampling_params": GREEDY, "rid": f"{marker}-{i}" if i == 17 else f"ok-{i}"}
+        for i, p in enumerate(prompts)
+    ]
+    responses = asyncio.run(_generate_all(server, bodies))
+    for i, response in enumerate(responses):
+        if i == 17:
+            assert response.status_code == 500, response.text
+            assert "injected" in response.json()["error"]["message"]
+        else:
+            assert response.status_code == 200, response.text
+            assert response.json()["output_ids"] == expected[i], i
+    assert_pool_intact(server)
+    assert_healthy(server)
+
+
+def test_burst_is_served_or_refused_never_frozen(server):
+    """2,000 requests at once: each is answered 200 or 429 (with Retry-After), /health
+    answers meanwhile, and the pool is intact after."""
+    bodies = [
+        {"text": f"burst {i}", "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}
+        for i in range(2000)
+    ]
+
+    probe_s: list[float] = []
+    probe_codes: list[int] = []
+    done = threading.Event()
+
+    def probe() -> None:  # its own thread and connection: not queued behind the burst
+        while not done.is_set():
+            t0 = time.monotonic()
+            probe_codes.append(requests.get(server.base_url + "/health", timeout=60).status_code)
+            probe_s.append(time.monotonic() - t0)
+            done.wait(0.5)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        responses = asyncio.run(_generate_all(server, bodies))
+    finally:
+        done.set()
+        prober.join()
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 429}, sorted(set(codes))
+    refused = [r for r in responses if r.status_code == 429]
+    assert refused and codes.count(200) >= MAX_QUEUED
+    assert refused[0].headers["Retry-After"] == "1"
+    assert refused[0].json()["error"]["type"] == "rate_limit_error"
+    assert probe_codes and set(probe_codes) == {200}
+    assert max(probe_s) < HEALTH_TIMEOUT_S, probe_s
+    assert_pool_intact(server)
+    assert_healthy(server)
