@@ -30,7 +30,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from sglang import __version__
-from sglang.srt.environ import envs
 from sglang.srt.entrypoints.openai.errors import APIError, install_error_handlers, parse_body
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -42,6 +41,7 @@ from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_native import GenerateRequest, NativeServing
 from sglang.srt.entrypoints.openapi_bodies import install_body_schemas
+from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.observability.metrics import ServerMetrics
 from sglang.srt.parser.chat_template import load_chat_template
