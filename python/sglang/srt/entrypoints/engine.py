@@ -268,7 +268,16 @@ class Engine:
         return results if is_batch else results[0]
 
     async def _gather(self, reqs: list[GenerateReqInput]) -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(self._one(r) for r in reqs)))
+        """All outputs; when one request fails (or the caller cancels), the others are
+        cancelled, which aborts them in the scheduler, before the error propagates."""
+        tasks = [asyncio.ensure_future(self._one(r)) for r in reqs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     async def _one(self, req: GenerateReqInput) -> dict[str, Any]:
         final = None
@@ -350,8 +359,14 @@ class Engine:
     def child_pids(self) -> dict[str, int]:
         return {role: proc.pid for role, proc in self._children.procs}
 
-    def abort_request(self, rid: str) -> None:
-        self._loop.call_soon_threadsafe(self.tokenizer_manager.abort_request, rid)
+    def abort_request(self, rid: str) -> bool:
+        """Abort request `rid` (and its samples `<rid>-<k>` of n > 1); whether one was
+        in flight (TokenizerManager.abort_request)."""
+
+        async def abort() -> bool:
+            return self.tokenizer_manager.abort_request(rid, with_samples=True)
+
+        return self._run(abort())
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -397,7 +412,11 @@ def _build_requests(
     rid: Any = None,
     **options: Any,
 ) -> tuple[list[GenerateReqInput], bool]:
-    """Expand prompts x n into single requests; returns (requests, is_batch)."""
+    """Expand prompts x n into single requests; returns (requests, is_batch).
+
+    Sample k of a seeded request samples with seed + k, as on the HTTP path."""
+    from sglang.srt.entrypoints.openai.sampling import for_choice
+
     items, is_list = _prompt_items(prompt, input_ids)
     params = _per_prompt(sampling_params, len(items))
     rids = _per_prompt(rid, len(items)) if rid is not None else [None] * len(items)
@@ -409,7 +428,11 @@ def _build_requests(
             sample_rid = (f"{r}-{k}" if n > 1 else r) if r is not None else uuid.uuid4().hex
             reqs.append(
                 GenerateReqInput(
-                    **item, sampling_params=dict(sp), stream=stream, rid=sample_rid, **options
+                    **item,
+                    sampling_params=dict(for_choice(sp, k)),
+                    stream=stream,
+                    rid=sample_rid,
+                    **options,
                 )
             )
     return reqs, is_list or len(reqs) > 1
