@@ -149,8 +149,15 @@ def test_bad_input_raises_value_error(engine):
         engine.generate(PROMPT, {"temperature": -1.0})
     with pytest.raises(ValueError, match="context length|longer"):
         engine.generate(input_ids=[20] * 300, sampling_params=greedy(4))
-    with pytest.raises(ValueError, match="unknown sampling"):
+    with pytest.raises(ValueError, match="sampling_params.max_tokens: unknown field"):
         engine.generate(PROMPT, {"max_tokens": 3})
+    # The same rules as the HTTP routes (one definition): types are strict, n is capped.
+    for bad, field in [({"seed": "x"}, "seed"), ({"n": 1000}, "n"), ({"stop": [1]}, "stop"),
+                       ({"skip_special_tokens": "no"}, "skip_special_tokens")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"sampling_params.{field}"):
+            engine.generate(PROMPT, {"max_new_tokens": 2, **bad})
+    with pytest.raises(ValueError, match="top_logprobs_num"):
+        engine.generate(PROMPT, greedy(2), return_logprob=True, top_logprobs_num=10**6)
 
 
 def test_queue_limit_rejects_with_clear_error(engine):

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from sglang.srt.managers.io_struct import ChildFailed, ChildReady, GenerateReqInput
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.sampling.param_types import InvalidParamError, check_num_samples
 from sglang.srt.utils import kill_process_tree
 
 if TYPE_CHECKING:
@@ -422,8 +423,7 @@ def _build_requests(
     rids = _per_prompt(rid, len(items)) if rid is not None else [None] * len(items)
     reqs: list[GenerateReqInput] = []
     for item, sp, r in zip(items, params, rids):
-        sp = dict(sp or {})
-        n = int(sp.pop("n", 1))
+        sp, n = _split_samples(sp)
         for k in range(n):
             sample_rid = (f"{r}-{k}" if n > 1 else r) if r is not None else uuid.uuid4().hex
             reqs.append(
@@ -436,6 +436,16 @@ def _build_requests(
                 )
             )
     return reqs, is_list or len(reqs) > 1
+
+
+def _split_samples(params: Any) -> tuple[dict[str, Any], int]:
+    """(the sampling dict without `n`, n), n checked by the rule every path uses."""
+    if params is not None and not isinstance(params, dict):
+        raise InvalidParamError("sampling_params must be a dict", "sampling_params")
+    params = dict(params or {})
+    n = params.pop("n", 1)
+    check_num_samples(n, "sampling_params.n")
+    return params, n
 
 
 def _prompt_items(prompt: Any, input_ids: Any) -> tuple[list[dict[str, Any]], bool]:

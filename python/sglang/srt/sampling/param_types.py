@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Union
 
-from pydantic import AfterValidator, Field, ValidationError
+from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
 
 # Caps, documented in docs/api.md ("Limits").
 MAX_N = 128  # samples per prompt (`n`), on every path
@@ -76,6 +76,17 @@ LogitBias = Annotated[
     AfterValidator(_check_logit_bias),
 ]
 GrammarText = strict(str)
+
+
+_NUM_SAMPLES = TypeAdapter(NumSamples)
+
+
+def check_num_samples(value: Any, param: str = "n") -> None:
+    """`n` where it is split off before SamplingParams sees it (the Engine's fan-out)."""
+    try:
+        _NUM_SAMPLES.validate_python(value)
+    except ValidationError as exc:
+        raise error_of(exc.errors()[0], param) from None
 
 
 def first_error(exc: ValidationError, prefix: str = "") -> InvalidParamError:
