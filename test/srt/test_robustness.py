@@ -9,10 +9,14 @@ after all of it the KV pool is intact.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import threading
 import time
 
+import fuzz_bodies
 import httpx
+import hypothesis
 import pytest
 import requests
 from http_server_fixture import start_server
@@ -171,5 +175,42 @@ def test_burst_is_served_or_refused_never_frozen(server):
     assert refused[0].json()["error"]["type"] == "rate_limit_error"
     assert probe_codes and set(probe_codes) == {200}
     assert max(probe_s) < HEALTH_TIMEOUT_S, probe_s
+    assert_pool_intact(server)
+    assert_healthy(server)
+
+
+# CI runs a fixed sample; FUZZ_EXAMPLES=2000 FUZZ_DERANDOMIZE=0 explores further.
+FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
+FUZZ_DERANDOMIZE = os.environ.get("FUZZ_DERANDOMIZE", "1") == "1"
+FUZZ_ROUTES = {
+    "/generate": fuzz_bodies.generate_bodies(),
+    "/v1/completions": fuzz_bodies.completion_bodies(),
+    "/v1/chat/completions": fuzz_bodies.chat_bodies(),
+}
+
+
+@pytest.mark.parametrize("path", list(FUZZ_ROUTES))
+def test_fuzzed_bodies_get_2xx_or_4xx(server, path):
+    """Hypothesis-generated bodies (wrong types, out-of-range numbers, unicode, huge
+    lists, missing and unknown fields): every answer is 2xx or 4xx, never a 5xx or a
+    dropped connection; the server stays healthy and the pool intact."""
+    seen: dict[int, int] = {}
+
+    @hypothesis.settings(
+        max_examples=FUZZ_EXAMPLES, deadline=None, database=None, derandomize=FUZZ_DERANDOMIZE,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )  # fmt: skip
+    @hypothesis.given(body=FUZZ_ROUTES[path])
+    def check(body: dict) -> None:
+        raw = json.dumps(body).encode()  # NaN / Infinity go out as JSON can't say them
+        response = requests.post(server.base_url + path, data=raw, timeout=60,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+        seen[response.status_code] = seen.get(response.status_code, 0) + 1
+        assert response.status_code < 500, (body, response.text)
+        if response.status_code >= 400:
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+    check()
+    assert any(code < 300 for code in seen) and any(code >= 400 for code in seen), seen
     assert_pool_intact(server)
     assert_healthy(server)
