@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 OVERLOADED_STATUS = 429
+INTERNAL_ERROR_STATUS = 500
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait
 
 
@@ -41,3 +42,14 @@ def error_of_finish(reason: dict[str, Any] | None) -> RequestFailedError | None:
     if status == OVERLOADED_STATUS:
         return ServerOverloadedError(message)
     return RequestFailedError(message, status)
+
+
+def internal_error_reason(exc: BaseException) -> dict[str, Any]:
+    """The abort finish reason of a request that failed inside the runtime (HTTP 500)."""
+    message = f"Internal error while processing this request: {type(exc).__name__}: {exc}"
+    return {
+        "type": "abort",
+        "matched": None,
+        "message": message,
+        "status_code": INTERNAL_ERROR_STATUS,
+    }

@@ -34,7 +34,7 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightFromDiskReqOutput,
 )
 from sglang.srt.managers.ipc import AsyncPullEndpoint, PushEndpoint
-from sglang.srt.managers.request_errors import error_of_finish
+from sglang.srt.managers.request_errors import error_of_finish, internal_error_reason
 from sglang.srt.sampling.param_types import MAX_TOP_LOGPROBS_NUM, InvalidParamError
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -338,29 +338,42 @@ class TokenizerManager:
 
     async def _handle_loop(self) -> None:
         while True:
-            msg = await self.recv_from_detokenizer.recv()
-            self._last_output_at = time.monotonic()
-            if isinstance(msg, BatchStrOutput):
-                self._handle_batch_output(msg)
-            else:
-                self._resolve_control(msg)
+            try:
+                msg = await self.recv_from_detokenizer.recv()
+                self._last_output_at = time.monotonic()
+                if isinstance(msg, BatchStrOutput):
+                    self._handle_batch_output(msg)
+                else:
+                    self._resolve_control(msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad message must not stop every request's outputs
+                logger.exception("TokenizerManager: handling a runtime message failed")
 
     def _handle_batch_output(self, msg: BatchStrOutput) -> None:
         for i, rid in enumerate(msg.rids):
             state = self.rid_to_state.get(rid)
             if state is None:
                 continue
-            state.text += msg.new_texts[i]
-            state.output_ids.extend(msg.new_output_ids[i])
-            state.completion_tokens = msg.completion_tokens[i]
-            state.cached_tokens = msg.cached_tokens[i]
-            state.queue_time_s = msg.queue_times[i]
-            if msg.output_token_logprobs is not None:
-                self._absorb_logprobs(state, msg, i)
-            state.finished_reason = reason = msg.finished_reasons[i]
-            if reason is not None and reason.get("origin") == "detokenizer":
-                self.abort_request(rid)  # the scheduler still runs it
+            try:
+                self._absorb_output(state, msg, i)
+            except Exception as exc:  # this request's output is unusable: it fails alone
+                logger.exception("request %s: absorbing its output failed", rid)
+                state.finished_reason = internal_error_reason(exc)
+                self.abort_request(rid)
             state.event.set()
+
+    def _absorb_output(self, state: ReqState, msg: BatchStrOutput, i: int) -> None:
+        state.text += msg.new_texts[i]
+        state.output_ids.extend(msg.new_output_ids[i])
+        state.completion_tokens = msg.completion_tokens[i]
+        state.cached_tokens = msg.cached_tokens[i]
+        state.queue_time_s = msg.queue_times[i]
+        if msg.output_token_logprobs is not None:
+            self._absorb_logprobs(state, msg, i)
+        state.finished_reason = reason = msg.finished_reasons[i]
+        if reason is not None and reason.get("origin") == "detokenizer":
+            self.abort_request(msg.rids[i])  # the scheduler still runs it
 
     @staticmethod
     def _absorb_logprobs(state: ReqState, msg: BatchStrOutput, i: int) -> None:

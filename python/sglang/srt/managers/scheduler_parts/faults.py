@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sglang.srt.environ import envs
-from sglang.srt.managers.schedule_batch import PrefillBatch, RunningBatch, finish_abort
+from sglang.srt.managers.request_errors import internal_error_reason
+from sglang.srt.managers.schedule_batch import PrefillBatch, RunningBatch
 from sglang.srt.model_executor.forward_batch_info import GenerationBatchResult
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-INTERNAL_ERROR_STATUS = 500
 # Errors after which the device or our invariants cannot be trusted.
 _FATAL_TYPES = (AssertionError, MemoryError)
 _FATAL_MARKERS = ("CUDA error", "device-side assert", "HIP error", "NCCL", "illegal memory")
@@ -72,11 +72,6 @@ def is_fatal(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return any(marker in text for marker in _FATAL_MARKERS)
-
-
-def internal_error_reason(exc: BaseException) -> dict[str, Any]:
-    message = f"Internal error while processing this request: {type(exc).__name__}: {exc}"
-    return finish_abort(message, status_code=INTERNAL_ERROR_STATUS)
 
 
 def merge_results(results: list[GenerationBatchResult]) -> GenerationBatchResult:

@@ -16,9 +16,9 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightFromDiskReqInput,
     UpdateWeightFromDiskReqOutput,
 )
-from sglang.srt.managers.request_errors import OVERLOADED_STATUS
+from sglang.srt.managers.request_errors import OVERLOADED_STATUS, internal_error_reason
 from sglang.srt.managers.schedule_batch import Req, finish_abort
-from sglang.srt.managers.scheduler_parts.faults import internal_error_reason, is_fatal
+from sglang.srt.managers.scheduler_parts.faults import is_fatal
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

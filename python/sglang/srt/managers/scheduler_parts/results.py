@@ -11,8 +11,9 @@ from sglang.srt.managers.detokenizer_manager import (
     trim_incomplete_utf8,
 )
 from sglang.srt.managers.io_struct import BatchTokenIDOutput, DecodeParams
+from sglang.srt.managers.request_errors import internal_error_reason
 from sglang.srt.managers.schedule_batch import finish_length, finish_stop
-from sglang.srt.managers.scheduler_parts.faults import internal_error_reason, is_fatal
+from sglang.srt.managers.scheduler_parts.faults import is_fatal
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch

@@ -1,0 +1,55 @@
+"""The TokenizerManager's receive loop: one unusable output fails its request only."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sglang.srt.managers.io_struct import BatchStrOutput, GenerateReqInput
+from sglang.srt.managers.request_errors import RequestFailedError, error_of_finish
+from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def send(self, obj) -> None:
+        self.sent.append(obj)
+
+
+def _bare_manager() -> TokenizerManager:
+    """The receive-side state only: no processes, no sockets."""
+    tm = TokenizerManager.__new__(TokenizerManager)
+    tm.rid_to_state, tm._dead_message = {}, None
+    tm.send_to_scheduler = _Recorder()
+    return tm
+
+
+def test_one_malformed_output_fails_its_request_and_aborts_it():
+    async def run() -> None:
+        tm = _bare_manager()
+        for rid in ("bad", "good"):
+            tm.rid_to_state[rid] = ReqState(
+                obj=GenerateReqInput(text="x", rid=rid), prompt_tokens=1
+            )
+        msg = BatchStrOutput(
+            rids=["bad", "good"], new_texts=[None, "hi"], new_output_ids=[[1], [2, 3]],
+            finished_reasons=[None, None], prompt_tokens=[1, 1], completion_tokens=[1, 2],
+            cached_tokens=[0, 0], queue_times=[None, None],
+        )  # fmt: skip
+        tm._handle_batch_output(msg)  # "bad" has a None text: += raises inside
+        bad, good = tm.rid_to_state["bad"], tm.rid_to_state["good"]
+        assert isinstance(error_of_finish(bad.finished_reason), RequestFailedError)
+        assert bad.event.is_set() and [m.rid for m in tm.send_to_scheduler.sent] == ["bad"]
+        assert good.text == "hi" and good.output_ids == [2, 3] and good.finished_reason is None
+
+    asyncio.run(run())
+
+
+def test_a_failed_request_raises_with_its_status():
+    reason = {"type": "abort", "matched": None, "message": "boom", "status_code": 500}
+    with pytest.raises(RequestFailedError, match="boom"):
+        raise error_of_finish(reason)
+    assert error_of_finish({"type": "abort", "matched": None, "message": "by client"}) is None
