@@ -6,6 +6,8 @@ from typing import Any
 
 from sglang.srt.entrypoints.openai.errors import APIError, unsupported_structured_output
 from sglang.srt.entrypoints.openai.protocol import SamplingFields
+from sglang.srt.sampling.param_types import InvalidParamError
+from sglang.srt.sampling.sampling_params import SamplingParams
 
 DEFAULT_TEMPERATURE = 1.0
 
@@ -19,15 +21,22 @@ def reject_structured_output(request: SamplingFields) -> None:
         raise unsupported_structured_output("response_format")
 
 
-def check_vocab_ids(request: SamplingFields, vocab_size: int | None) -> None:
-    if vocab_size is None:
-        return
-    for key in request.logit_bias or {}:
-        if not 0 <= int(key) < vocab_size:
-            raise APIError(f"logit_bias token id {key} is out of range", param="logit_bias")
-    for token_id in request.stop_token_ids or []:
-        if not 0 <= token_id < vocab_size:
-            raise APIError(f"stop token id {token_id} is out of range", param="stop_token_ids")
+# OpenAI field names of the native sampling fields they map to (errors name the former).
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+
+
+def check_choice_params(params: dict[str, Any], vocab_size: int | None) -> None:
+    """The native rules (cross-field, vocabulary) on the translated dict, so the
+    OpenAI routes refuse exactly what /generate refuses; errors use OpenAI names."""
+    try:
+        SamplingParams.from_dict(params).verify(vocab_size)
+    except InvalidParamError as exc:
+        native = (exc.param or "").split(".")[0]
+        param = _OPENAI_NAMES.get(native, native) or None
+        message = str(exc)
+        for old, new in _OPENAI_NAMES.items():
+            message = message.replace(old, new)
+        raise APIError(message, param=param, code="invalid_value") from None
 
 
 def sampling_params(request: SamplingFields, max_new_tokens: int | None) -> dict[str, Any]:
@@ -59,8 +68,3 @@ def for_choice(params: dict[str, Any], choice_idx: int) -> dict[str, Any]:
     if "seed" not in params or choice_idx == 0:
         return params
     return {**params, "seed": params["seed"] + choice_idx}
-
-
-def check_min_le_max(request: SamplingFields, max_new_tokens: int | None) -> None:
-    if max_new_tokens is not None and request.min_tokens > max_new_tokens:
-        raise APIError("min_tokens must not exceed max_tokens", param="min_tokens")

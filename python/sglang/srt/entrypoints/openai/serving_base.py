@@ -22,8 +22,7 @@ from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
 from sglang.srt.entrypoints.openai.protocol import SamplingFields, UsageInfo
 from sglang.srt.entrypoints.openai.sampling import (
-    check_min_le_max,
-    check_vocab_ids,
+    check_choice_params,
     for_choice,
     reject_structured_output,
     sampling_params,
@@ -153,9 +152,9 @@ class OpenAIServingBase(ABC):
 
     def _choice_params(self, request: SamplingFields, max_new_tokens: int | None) -> dict[str, Any]:
         """Check the sampling fields against the limits and the vocab; the per-choice dict."""
-        check_min_le_max(request, max_new_tokens)
-        check_vocab_ids(request, self._vocab_size())
-        return sampling_params(request, max_new_tokens)
+        params = sampling_params(request, max_new_tokens)
+        check_choice_params(params, self._vocab_size())
+        return params
 
     def _vocab_size(self) -> int | None:
         return getattr(self.tokenizer_manager.model_config, "vocab_size", None)
