@@ -15,6 +15,7 @@ from typing import Any
 
 import jinja2
 
+from sglang.srt.managers.request_errors import ServerUnavailableError
 from sglang.srt.managers.tokenizer_manager import _sampling_params, check_request_fields
 
 CHATML = (
@@ -52,7 +53,7 @@ class FakeTokenizerManager:
     context_len: int = 256
     served_model_name: str = "fake-model"
     step_delay_s: float = 0.0
-    fail_after_tokens: int | None = None  # raise RuntimeError (a dead runtime) after this many
+    fail_after_tokens: int | None = None  # a dead runtime after this many tokens
     alive: bool = True
     tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
     model_config: FakeModelConfig = field(default_factory=FakeModelConfig)
@@ -101,7 +102,7 @@ class FakeTokenizerManager:
                 reason = {"type": "abort", "matched": None, "message": "aborted"}
                 break
             if self.fail_after_tokens is not None and len(ids) >= self.fail_after_tokens:
-                raise RuntimeError("The scheduler process exited unexpectedly.")
+                raise ServerUnavailableError("The scheduler process exited unexpectedly.")
             char = OUTPUT_ALPHABET[(start + len(ids)) % len(OUTPUT_ALPHABET)]
             ids.append(ord(char))
             text += char

@@ -216,7 +216,9 @@ def test_error_bodies(client):
     assert_error(post("/v1/completions", json={"model": MODEL, "prompt": [[]]}), 400, "prompt")
     assert_error(post("/v1/completions", json={"model": MODEL, "prompt": [999999]}), 400)
     assert_error(post("/v1/chat/completions", json=chat_body(logit_bias={"x": 1})), 400)
-    assert_error(post("/v1/chat/completions", json=chat_body(max_tokens=2, min_tokens=5)), 400, "min_tokens")
+    assert_error(
+        post("/v1/chat/completions", json=chat_body(max_tokens=2, min_tokens=5)), 400, "min_tokens"
+    )
 
 
 def test_malformed_json_is_400(client):

@@ -13,6 +13,7 @@ from typing import Any
 
 OVERLOADED_STATUS = 429
 INTERNAL_ERROR_STATUS = 500
+UNAVAILABLE_STATUS = 503
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait
 
 
@@ -31,6 +32,13 @@ class ServerOverloadedError(RequestFailedError):
     def __init__(self, message: str, retry_after_s: int = RETRY_AFTER_S) -> None:
         super().__init__(message, OVERLOADED_STATUS)
         self.retry_after_s = retry_after_s
+
+
+class ServerUnavailableError(RequestFailedError):
+    """The runtime cannot serve at all (a child process died, or it is shut down)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, UNAVAILABLE_STATUS)
 
 
 def error_of_finish(reason: dict[str, Any] | None) -> RequestFailedError | None:

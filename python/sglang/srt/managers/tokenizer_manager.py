@@ -34,7 +34,11 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightFromDiskReqOutput,
 )
 from sglang.srt.managers.ipc import AsyncPullEndpoint, PushEndpoint
-from sglang.srt.managers.request_errors import error_of_finish, internal_error_reason
+from sglang.srt.managers.request_errors import (
+    ServerUnavailableError,
+    error_of_finish,
+    internal_error_reason,
+)
 from sglang.srt.sampling.param_types import MAX_TOP_LOGPROBS_NUM, InvalidParamError
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -153,11 +157,11 @@ class TokenizerManager:
             while waiters:
                 fut = waiters.popleft()
                 if not fut.done():
-                    fut.set_exception(RuntimeError(message))
+                    fut.set_exception(ServerUnavailableError(message))
 
     def _check_alive(self) -> None:
         if self._dead_message is not None:
-            raise RuntimeError(self._dead_message)
+            raise ServerUnavailableError(self._dead_message)
 
     # ------------------------------------------------------------------ generate
 
@@ -185,7 +189,7 @@ class TokenizerManager:
             await state.event.wait()
             state.event.clear()
             if state.error is not None:
-                raise RuntimeError(state.error)
+                raise ServerUnavailableError(state.error)
             failure = error_of_finish(state.finished_reason)
             if failure is not None:
                 raise failure

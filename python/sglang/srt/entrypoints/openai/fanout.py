@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sglang.srt.entrypoints.openai.errors import APIError
-from sglang.srt.managers.request_errors import RequestFailedError, ServerOverloadedError
+from sglang.srt.managers.request_errors import (
+    RequestFailedError,
+    ServerOverloadedError,
+    ServerUnavailableError,
+)
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -54,6 +58,8 @@ def to_api_error(exc: BaseException) -> APIError:
             code="server_overloaded",
             headers={"Retry-After": str(exc.retry_after_s)},
         )
+    if isinstance(exc, ServerUnavailableError):
+        return APIError(exc.message, exc.status_code)
     if isinstance(exc, RequestFailedError):
         return APIError(exc.message, exc.status_code, code="request_failed")
     if isinstance(exc, ValueError):
@@ -62,7 +68,8 @@ def to_api_error(exc: BaseException) -> APIError:
         too_long = "context length" in lowered or "longer than" in lowered
         code = "context_length_exceeded" if too_long else "invalid_value"
         return APIError(message, 400, param=getattr(exc, "param", None), code=code)
-    return APIError(f"generation failed: {exc}", 503, err_type="service_unavailable_error")
+    logger.error("request failed unexpectedly: %r", exc)
+    return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, code="request_failed")
 
 
 class ChoiceFanout:
