@@ -1,0 +1,54 @@
+"""A soak of one live server (issue 9): about a minute of the mixed, hostile workload
+of `sglang.test.soak` at concurrency 64 against a server with a small queue and KV pool.
+
+Every request is answered with a status its kind allows (2xx, 400, 429; never a
+5xx nor an unasked-for abort), the server settles idle with its KV pool and
+request slots whole, /health says 200, and no server process grew its RSS by more
+than 10% between the end of the warm-up and the end of the run.
+
+The server runs with glibc's mmap threshold pinned (MALLOC_MMAP_THRESHOLD_): by
+default glibc raises the threshold each time a large block is freed, so the large
+transient tensors of the biggest batches end up in the heap, which keeps their
+pages; the scheduler's idle RSS then climbs in steps for the first ~100 s of this
+load (457 -> 489 MiB, +7%, measured) before it levels off, which no warm-up that
+fits in a CI minute reaches. Pinned, the same load holds it within 1% (404 -> 408
+MiB over 150 s), so the 10% bound detects leaks, not the allocator's high-water mark.
+"""
+
+from __future__ import annotations
+
+import pytest
+from http_server_fixture import start_server
+
+from sglang.test.soak import KINDS, SoakConfig, run_soak
+
+pytestmark = pytest.mark.slow
+
+MAX_QUEUED = 32
+MAX_TOTAL_TOKENS = 8192  # small: the warm-up touches the whole KV pool and the radix cache fills
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("soak-server")
+    srv = start_server(tiny_llama_dir, workdir / "server.log",
+                       "--max-queued-requests", str(MAX_QUEUED),
+                       "--max-total-tokens", str(MAX_TOTAL_TOKENS), env=MALLOC_ENV)  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+def test_soak(server):
+    config = SoakConfig(base_url=server.base_url, server_pid=server.proc.pid, warmup_s=20.0,
+                        warmup_bursts=2, duration_s=35.0, concurrency=64, burst_size=300)  # fmt: skip
+    result = run_soak(config)
+    print(result.table())
+    assert result.ok, result.table()
+    assert set(result.requests) == set(KINDS)  # every kind ran
+    assert result.kind_status["burst", "429"] > 0  # the bursts did fill the queue
+    assert result.aborted_by_client > 0  # the aborts did land on running requests
+    assert result.final_state["max_total_num_tokens"] == MAX_TOTAL_TOKENS
+    assert {name.split("[")[0] for name in result.rss_start} >= {
+        "launcher", "scheduler", "detokenizer"
+    }  # fmt: skip
