@@ -137,7 +137,7 @@ def test_completion_stream_with_logprobs(client):
 
 def test_bad_requests_answered_and_server_keeps_serving(client, server):
     with pytest.raises(openai.BadRequestError):
-        chat(client, max_tokens=2, temperature=5)
+        chat(client, max_tokens=2, temperature=-1)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="other", messages=MESSAGES, max_tokens=2)
     with pytest.raises(openai.BadRequestError) as info:
