@@ -124,6 +124,9 @@ class SoakConfig:
     settle_timeout_s: float = 30.0
     rss_tolerance: float = 0.10
     server_pid: int | None = None  # found from the port when None
+    # Connection resets (ReadError) tolerated: about 1 in 25,000 requests was seen, not
+    # yet explained (no server-side error logged); more than this fails the run.
+    tolerated_resets: int = 0
     api_key: str | None = None
     seed: int = 0
 
@@ -461,7 +464,7 @@ async def run_soak_async(config: SoakConfig) -> SoakResult:
         result.health_status = (await client.get("/health")).status_code
         result.rss_end = server_rss(pid)
         result.wall_s = time.monotonic() - began
-    result.failures = judge(result, config.rss_tolerance)
+    result.failures = judge(result, config.rss_tolerance, config.tolerated_resets)
     return result
 
 
@@ -469,9 +472,16 @@ def run_soak(config: SoakConfig) -> SoakResult:
     return asyncio.run(run_soak_async(config))
 
 
-def judge(result: SoakResult, rss_tolerance: float) -> list[str]:
-    """The pass criteria that failed, in words (empty: passed)."""
-    failures = [f"{count} x {kind}" for kind, count in result.errors.items()]
+def judge(result: SoakResult, rss_tolerance: float, tolerated_resets: int = 0) -> list[str]:
+    """The pass criteria that failed, in words (empty: passed). Up to
+    `tolerated_resets` connection resets (transport ReadError) are reported in the
+    table but not counted as failures."""
+    resets = sum(c for kind, c in result.errors.items() if ": ReadError" in kind)
+    failures = [
+        f"{count} x {kind}"
+        for kind, count in result.errors.items()
+        if resets > tolerated_resets or ": ReadError" not in kind
+    ]
     state = result.final_state
     if state.get("num_running_reqs") != 0 or state.get("num_queued_reqs") != 0:
         failures.append(f"not idle after the run: running {state.get('num_running_reqs')}, "
