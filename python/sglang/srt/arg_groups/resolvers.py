@@ -144,8 +144,11 @@ def resolve_chunked_prefill_size(c: Any) -> Resolved:
 def resolve_mem_fraction_static(c: Any) -> Resolved:
     if c.mem_fraction_static is not None:
         return None
-    fraction = 0.3 if c.device == "cpu" else 0.85
-    return "mem_fraction_by_device", {"mem_fraction_static": fraction}
+    if c.device == "cpu":
+        # Left None: the runner sizes a bounded CPU pool (model_runner.cpu_default_pool_size)
+        # from the KV bytes per token and logs the rule; /server_info shows the token count.
+        return None
+    return "mem_fraction_by_device", {"mem_fraction_static": 0.85}
 
 
 def resolve_random_seed(c: Any) -> Resolved:

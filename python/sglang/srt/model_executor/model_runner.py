@@ -27,6 +27,13 @@ _KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": to
 _MAX_RUNNING_REQUESTS_CAP = 2048
 _REQ_TABLE_BUDGET = 0.1  # share of the KV budget the req_to_token table may take
 
+# The CPU default KV pool, used when neither --max-total-tokens nor --mem-fraction-static
+# is given (see cpu_default_pool_size). A radix cache keeps finished requests' KV until the
+# pool is full, so RSS grows toward the pool's size: on CPU it must be what a laptop accepts.
+CPU_KV_BUDGET_BYTES = 4 * 2**30  # like vLLM's default CPU KV space (VLLM_CPU_KVCACHE_SPACE)
+CPU_KV_CONTEXTS = 64  # full contexts the pool holds when --max-running-requests is unset
+CPU_MEM_FRACTION = 0.3  # of available RAM: the old default, still an upper bound
+
 
 @dataclass
 class RunnerSettings:
@@ -142,7 +149,7 @@ class ModelRunner:
         per_token = MHATokenToKVPool.bytes_per_token(
             self.kv_cache_dtype, kv_heads, cfg.head_dim, cfg.num_hidden_layers
         )
-        self.max_total_num_tokens = self._pool_size(per_token)
+        self.max_total_num_tokens, self.kv_pool_rule = self._pool_size(per_token)
         self.max_running_requests = self._max_running_requests(per_token)
         self.req_to_token_pool = ReqToTokenPool(
             self.max_running_requests, self.context_len + 4, self.device
@@ -160,31 +167,44 @@ class ModelRunner:
             self.max_total_num_tokens, self.page_size, self.device
         )
         logger.info(
-            "KV pool: %d tokens (%.1f MB), %d request slots",
+            "KV pool: %d tokens (%.2f GiB, %d bytes/token), %d request slots; %s",
             self.max_total_num_tokens,
-            self.max_total_num_tokens * per_token / 2**20,
+            self.max_total_num_tokens * per_token / 2**30,
+            per_token,
             self.max_running_requests,
+            self.kv_pool_rule,
         )
 
-    def _pool_size(self, bytes_per_token: int) -> int:
+    def _pool_size(self, bytes_per_token: int) -> tuple[int, str]:
+        """The pool's size in tokens and the rule that decided it (logged)."""
         if self.settings.max_total_tokens:
-            size = int(self.settings.max_total_tokens)
+            size, rule = int(self.settings.max_total_tokens), "set by --max-total-tokens"
+        elif self.device.type == "cpu" and self.settings.mem_fraction_static is None:
+            size, rule = cpu_default_pool_size(
+                bytes_per_token,
+                available_memory_bytes(self.device),
+                self.context_len,
+                self.settings.max_running_requests or CPU_KV_CONTEXTS,
+                self.page_size,
+            )
         else:
             size = int(self._kv_budget_bytes() // bytes_per_token)
+            rule = f"mem_fraction_static {self._mem_fraction()} of free {self.device.type} memory"
         size -= size % self.page_size
         if size < max(self.page_size, 16):
             raise RuntimeError(
                 f"not enough memory for the KV cache ({size} tokens); raise "
                 "--mem-fraction-static or set --max-total-tokens"
             )
-        return size
+        return size, rule
+
+    def _mem_fraction(self) -> float:
+        fraction = self.settings.mem_fraction_static
+        return 0.85 if fraction is None else fraction  # None here: not cpu (see _pool_size)
 
     def _kv_budget_bytes(self) -> float:
         """mem_fraction_static of the memory left after loading the weights."""
-        fraction = self.settings.mem_fraction_static
-        if fraction is None:
-            fraction = 0.3 if self.device.type == "cpu" else 0.85
-        return fraction * available_memory_bytes(self.device)
+        return self._mem_fraction() * available_memory_bytes(self.device)
 
     def _max_running_requests(self, bytes_per_token: int) -> int:
         if self.settings.max_running_requests:
@@ -239,6 +259,41 @@ def _check_same_shape(old: ModelConfig, new: ModelConfig) -> None:
     diff = [k for k in keys if getattr(old, k) != getattr(new, k)]
     if diff:
         raise ValueError(f"new weights differ from the running model in: {', '.join(diff)}")
+
+
+def cpu_default_pool_size(
+    bytes_per_token: int,
+    available_bytes: float,
+    context_len: int,
+    running_requests: int,
+    page_size: int = 1,
+) -> tuple[int, str]:
+    """Tokens of the CPU KV pool when the operator sized neither it nor its memory fraction.
+
+        min(CPU_KV_BUDGET_BYTES, running_requests x context_len tokens), at least one full
+        context (rounded up to a page), and never more than CPU_MEM_FRACTION of available RAM
+
+    `running_requests` is --max-running-requests when set, else CPU_KV_CONTEXTS. Returns the
+    size and a sentence naming the bound that decided it and how to change it.
+    """
+    budget = int(CPU_KV_BUDGET_BYTES // bytes_per_token)
+    contexts = context_len * running_requests
+    one_context = -(-context_len // page_size) * page_size
+    by_fraction = int(CPU_MEM_FRACTION * available_bytes // bytes_per_token)
+    if contexts <= budget:
+        size, bound = contexts, f"{running_requests} full contexts of {context_len} tokens"
+    else:
+        size, bound = budget, f"the {CPU_KV_BUDGET_BYTES / 2**30:g} GiB CPU KV budget"
+    if size < one_context:
+        size, bound = one_context, f"one full context of {context_len} tokens"
+    if by_fraction < size:
+        size, bound = by_fraction, f"{CPU_MEM_FRACTION:g} of available RAM"
+    rule = (
+        f"CPU default, bound by {bound} (min({CPU_KV_BUDGET_BYTES / 2**30:g} GiB, "
+        f"{running_requests} contexts), at least one context, at most {CPU_MEM_FRACTION:g} "
+        "of available RAM); change it with --max-total-tokens or --mem-fraction-static"
+    )
+    return size, rule
 
 
 def default_cpu_threads() -> int:
