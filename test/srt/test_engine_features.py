@@ -225,3 +225,15 @@ def test_max_new_tokens_zero_scores_the_prompt(engine):
     assert out["output_ids"] == [] and out["meta_info"]["completion_tokens"] == 0
     assert out["meta_info"]["finish_reason"]["type"] == "length"
     assert len(out["meta_info"]["input_token_logprobs"]) == out["meta_info"]["prompt_tokens"]
+
+
+def test_scheduler_forward_clock_reaches_the_tokenizer_manager(engine):
+    """/health counts a scheduler inside a forward as answering: the clock the
+    scheduler process writes is the one this process reads."""
+    clock = engine.tokenizer_manager.forward_clock
+    seen_busy = False
+    for _chunk in engine.generate(PROMPT, greedy(200), stream=True):
+        seen_busy = seen_busy or clock.busy_for_s() is not None
+        if seen_busy:
+            break
+    assert seen_busy

@@ -165,6 +165,9 @@ class FakeTokenizerManager:
     async def flush_cache(self) -> bool:
         return not self.running
 
+    def scheduler_busy_for_s(self) -> float | None:
+        return None
+
     def seconds_since_output(self) -> float:
         return float("inf")  # /health always asks get_internal_state
 

@@ -385,8 +385,24 @@ def test_health_503_when_scheduler_does_not_answer(client, tm, monkeypatch):
     monkeypatch.setattr(tm, "get_internal_state", hang)
     with envs.SGLANG_HEALTH_TIMEOUT.override(0.05):
         assert client.get("/health").status_code == 503
+        monkeypatch.setattr(tm, "scheduler_busy_for_s", lambda: 30.0)  # a long prefill
+        assert client.get("/health").status_code == 200
+        monkeypatch.setattr(tm, "scheduler_busy_for_s", lambda: None)
         monkeypatch.setattr(tm, "seconds_since_output", lambda: 0.01)
         assert client.get("/health").status_code == 200
+
+
+def test_forward_clock_is_shared_between_processes():
+    import multiprocessing as mp
+
+    from sglang.srt.managers.forward_clock import ForwardClock
+
+    clock = ForwardClock.shared(mp.get_context("spawn"))
+    assert clock.busy_for_s() is None
+    clock.start()
+    assert 0.0 <= clock.busy_for_s() < 5.0
+    clock.stop()
+    assert clock.busy_for_s() is None
 
 
 def test_continuous_usage_stats_and_sse_headers(client):

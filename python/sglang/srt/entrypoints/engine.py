@@ -23,6 +23,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.io_struct import ChildFailed, ChildReady, GenerateReqInput
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
@@ -175,12 +176,14 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
     port_args = PortArgs.init_new(resolution_result(server_args, "dist_init_addr"))
     children = ChildProcesses(port_args)
     ctx = mp.get_context("spawn")
+    forward_clock = ForwardClock.shared(ctx)
     try:
         readers = []
         for tp_rank in range(tp_size):
             role = "scheduler" if tp_size == 1 else f"scheduler (tp rank {tp_rank})"
+            clock = forward_clock if tp_rank == 0 else None
             proc, reader = _spawn(
-                ctx, role, run_scheduler_process, (server_args, port_args, tp_rank)
+                ctx, role, run_scheduler_process, (server_args, port_args, tp_rank, clock)
             )
             children.procs.append((role, proc))
             readers.append((role, proc, reader))
@@ -192,6 +195,7 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
         ready_timeout_s = envs.SGLANG_CHILD_READY_TIMEOUT.get()
         infos = [_wait_ready(role, proc, reader, ready_timeout_s) for role, proc, reader in readers]
         tokenizer_manager = TokenizerManager(server_args, port_args, ready_info=infos[0])
+        tokenizer_manager.forward_clock = forward_clock
     except BaseException:
         children.shutdown()
         raise

@@ -174,10 +174,13 @@ async def health(raw_request: Request) -> Response:
 async def _scheduler_answers(tokenizer_manager: Any) -> bool:
     """A hung scheduler loop (alive, but stuck) fails this; a busy one answers within a step.
 
-    Output from the runtime within the timeout counts as an answer, so /health stays
-    fast while a burst of requests keeps the scheduler busy."""
+    Output from the runtime within the timeout counts as an answer, and so does a
+    forward in progress (the scheduler's watchdog ends one that runs past
+    --watchdog-timeout): /health stays fast under a burst and during a long prefill."""
     timeout_s = envs.SGLANG_HEALTH_TIMEOUT.get()
     if tokenizer_manager.seconds_since_output() < timeout_s:
+        return True
+    if tokenizer_manager.scheduler_busy_for_s() is not None:
         return True
     try:
         await asyncio.wait_for(tokenizer_manager.get_internal_state(), timeout_s)

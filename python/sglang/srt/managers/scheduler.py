@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch, finish_abort
 from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy
 from sglang.srt.managers.scheduler_parts.admission import SchedulerAdmissionMixin
@@ -155,7 +156,7 @@ class Scheduler(
         self._tput_tokens, self._tput_t0 = 0, time.perf_counter()
         self._checked_idle = True
         self.integrity_error: str | None = None
-        self._forward_started_at: float | None = None
+        self.forward_clock = ForwardClock()
         self.num_retracted_reqs = 0
         self.fault_injector = FaultInjector.from_env()
 
@@ -180,11 +181,11 @@ class Scheduler(
         self.process_input_requests(self.recv_requests(block))
         batch = self.get_next_batch_to_run()
         if batch is not None:
-            self._forward_started_at = time.monotonic()
+            self.forward_clock.start()
             try:
                 self.run_contained(batch)
             finally:
-                self._forward_started_at = None
+                self.forward_clock.stop()
             self._checked_idle = False
         self.emit_outputs()
         if batch is None and self.is_idle() and not self._checked_idle:
@@ -196,8 +197,8 @@ class Scheduler(
         def watch() -> None:
             while True:
                 time.sleep(min(timeout_s / 4, 5.0))
-                started = self._forward_started_at
-                if started is not None and time.monotonic() - started > timeout_s:
+                busy_s = self.forward_clock.busy_for_s()
+                if busy_s is not None and busy_s > timeout_s:
                     logger.error(
                         "a forward pass ran past watchdog_timeout=%.0f s; exiting", timeout_s
                     )
@@ -308,14 +309,21 @@ def _needs_fresh_sampling_info(req: Req) -> bool:
 # ----------------------------------------------------------------------------
 
 
-def run_scheduler_process(server_args: Any, port_args: Any, tp_rank: int, ready_writer: Any):
+def run_scheduler_process(
+    server_args: Any,
+    port_args: Any,
+    tp_rank: int,
+    forward_clock: ForwardClock | None,
+    ready_writer: Any,
+):
     """Process entry: publish, build the worker and scheduler, report ready, loop."""
     from sglang.srt.managers.process_entry import run_child
 
-    run_child("scheduler", server_args, ready_writer, lambda: _build(port_args, tp_rank))
+    build = lambda: _build(port_args, tp_rank, forward_clock)  # noqa: E731
+    run_child("scheduler", server_args, ready_writer, build)
 
 
-def _build(port_args: Any, tp_rank: int):
+def _build(port_args: Any, tp_rank: int, forward_clock: ForwardClock | None = None):
     import zmq
 
     from sglang.srt.configs.model_config import ModelConfig
@@ -340,4 +348,6 @@ def _build(port_args: Any, tp_rank: int):
     scheduler = Scheduler(
         tp_worker, model_config, load_tokenizer(), *endpoints, tp_sync=TpSync(tp_size)
     )
+    if forward_clock is not None:
+        scheduler.forward_clock = forward_clock
     return scheduler.ready_info(), scheduler.event_loop

@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchStrOutput,
@@ -96,6 +97,8 @@ class TokenizerManager:
         self._handle_loop_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_output_at: float | None = None
+        # Set by the launcher: the scheduler's shared forward clock (None: unknown).
+        self.forward_clock: ForwardClock | None = None
 
     def _init_config(self, ready_info: dict[str, Any]) -> None:
         from sglang.srt.configs.model_config import ModelConfig
@@ -333,6 +336,10 @@ class TokenizerManager:
         if self._handle_loop_task is None or self._handle_loop_task.done():
             self._loop = loop
             self._handle_loop_task = loop.create_task(self._handle_loop())
+
+    def scheduler_busy_for_s(self) -> float | None:
+        """Seconds the scheduler's current forward has run; None between forwards."""
+        return None if self.forward_clock is None else self.forward_clock.busy_for_s()
 
     def seconds_since_output(self) -> float:
         """Seconds since the runtime last sent anything (inf before the first message)."""
