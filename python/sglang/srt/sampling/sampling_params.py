@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from sglang.srt.sampling.param_types import (
     Flag,
@@ -56,30 +55,14 @@ class SamplingParamsSpec(BaseModel):
     ebnf: GrammarText | None = None
 
 
-@dataclass
-class SamplingParams:
-    max_new_tokens: int | None = 128
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | set[int] | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    no_stop_trim: bool = False
-    n: int = 1
-    seed: int | None = None
-    logit_bias: dict[str, float] | None = None
-    json_schema: str | None = None
-    regex: str | None = None
-    ebnf: str | None = None
-    stop_strs: list[str] = field(default_factory=list, repr=False)
+class SamplingParams(SamplingParamsSpec):
+    """A request's validated sampling parameters, as the scheduler uses them.
+
+    The fields and their rules are SamplingParamsSpec's (one definition); building
+    one validates it. `normalize()` then derives `stop_strs` and turns
+    `stop_token_ids` into a set (assignments are not re-validated)."""
+
+    _stop_strs: list[str] = PrivateAttr(default_factory=list)
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
@@ -87,7 +70,14 @@ class SamplingParams:
         InvalidParamError naming the field."""
         if params is not None and not isinstance(params, dict):
             raise InvalidParamError("sampling_params must be an object", "sampling_params")
-        return cls(**_validated(_listify(params or {})))
+        try:
+            return cls.model_validate(_listify(params or {}))
+        except ValidationError as exc:
+            raise first_error(exc) from None
+
+    @property
+    def stop_strs(self) -> list[str]:
+        return self._stop_strs
 
     @property
     def is_greedy(self) -> bool:
@@ -100,7 +90,6 @@ class SamplingParams:
     def verify(self, vocab_size: int | None = None) -> None:
         """Raise InvalidParamError naming the first invalid field (rules, then
         cross-field and vocabulary checks)."""
-        _validated(_listify(self.to_dict()))
         max_new = self.max_new_tokens
         if max_new is not None and self.min_new_tokens > max_new:
             raise InvalidParamError(
@@ -133,15 +122,15 @@ class SamplingParams:
     def normalize(self, tokenizer=None) -> None:
         """Turn `stop` into `stop_strs` and `stop_token_ids` into a set."""
         if self.stop is None:
-            self.stop_strs = []
+            self._stop_strs = []
         elif isinstance(self.stop, str):
-            self.stop_strs = [self.stop]
+            self._stop_strs = [self.stop]
         else:
-            self.stop_strs = list(self.stop)
+            self._stop_strs = list(self.stop)
         self.stop_token_ids = set(self.stop_token_ids or ())
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "stop_strs"}
+        out = {name: getattr(self, name) for name in SamplingParamsSpec.model_fields}
         if isinstance(out["stop_token_ids"], set):
             out["stop_token_ids"] = sorted(out["stop_token_ids"])
         return out
@@ -160,11 +149,3 @@ def _listify(params: dict[str, Any]) -> dict[str, Any]:
             for k, v in bias.items()
         }
     return out
-
-
-def _validated(params: dict[str, Any]) -> dict[str, Any]:
-    try:
-        spec = SamplingParamsSpec.model_validate(params)
-    except ValidationError as exc:
-        raise first_error(exc) from None
-    return {name: getattr(spec, name) for name in params}
