@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import warnings
 
 import openai
 import pytest
@@ -418,7 +419,11 @@ def test_continuous_usage_stats_and_sse_headers(client):
 
 def test_openapi_describes_every_post_body(client):
     """Clients and API fuzzers read the real request schema from /openapi.json."""
-    doc = client.get("/openapi.json").json()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # FastAPI warns on duplicate operation ids
+        doc = client.get("/openapi.json").json()
+    ids = [op["operationId"] for ops in doc["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids)), "operationIds must be unique"
     schemas = doc["components"]["schemas"]
     for path, operations in doc["paths"].items():
         if "post" not in operations or path == "/flush_cache":  # flush_cache takes no body

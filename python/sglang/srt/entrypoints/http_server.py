@@ -162,7 +162,9 @@ async def retrieve_model(model_id: str, raw_request: Request) -> ModelCard:
 # --- health ---------------------------------------------------------------------------------
 
 
-@router.api_route("/health", methods=["GET", "HEAD"])
+# One route per method: each gets its own OpenAPI operationId.
+@router.get("/health")
+@router.head("/health")
 async def health(raw_request: Request) -> Response:
     """200 when ready, every child alive, and the scheduler answers between its steps."""
     state = server_state(raw_request)
@@ -259,7 +261,8 @@ async def get_server_info(raw_request: Request) -> dict[str, Any]:
     return info
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"])
+@router.get("/flush_cache")
+@router.post("/flush_cache")
 async def flush_cache(raw_request: Request) -> Response:
     if await server_state(raw_request).tokenizer_manager.flush_cache():
         return PlainTextResponse("Cache flushed.\n")
