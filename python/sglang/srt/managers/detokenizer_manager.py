@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang.srt.managers.fault_injection import FaultInjector
 from sglang.srt.managers.io_struct import BatchStrOutput, BatchTokenIDOutput, DecodeParams
 from sglang.srt.managers.request_errors import internal_error_reason
-from sglang.srt.managers.scheduler_parts.faults import FaultInjector
 
 logger = logging.getLogger(__name__)
 

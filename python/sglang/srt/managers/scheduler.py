@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
+from sglang.srt.managers.fault_injection import FaultInjector
 from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch, finish_abort
 from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy
 from sglang.srt.managers.scheduler_parts.admission import SchedulerAdmissionMixin
-from sglang.srt.managers.scheduler_parts.faults import FaultInjector, SchedulerFaultsMixin
+from sglang.srt.managers.scheduler_parts.faults import SchedulerFaultsMixin
 from sglang.srt.managers.scheduler_parts.memory import SchedulerMemoryMixin
 from sglang.srt.managers.scheduler_parts.requests import SchedulerRequestsMixin
 from sglang.srt.managers.scheduler_parts.results import SchedulerResultsMixin

@@ -10,10 +10,8 @@ are not contained: they end the process and the launcher fails fast.
 With tensor parallelism every rank must run the same forwards, and a fault seen
 by one rank only cannot be isolated in step; there a forward error is fatal.
 
-`FaultInjector` is the testing hook behind SGLANG_FAULT_INJECT=`<site>:<marker>`
-(comma-separated for several): site `forward` raises in the forward of any batch
-holding a request whose rid contains the marker; site `detokenize` raises in the
-detokenizer for such a batch.
+The fault-injection hook and the fatal-error test live in
+`managers/fault_injection.py` (no torch: the detokenizer uses them too).
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sglang.srt.environ import envs
+from sglang.srt.managers.fault_injection import FaultInjector, is_fatal
 from sglang.srt.managers.request_errors import internal_error_reason
 from sglang.srt.managers.schedule_batch import PrefillBatch, RunningBatch
 from sglang.srt.model_executor.forward_batch_info import GenerationBatchResult
@@ -32,46 +30,6 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
 
 logger = logging.getLogger(__name__)
-
-# Errors after which the device or our invariants cannot be trusted.
-_FATAL_TYPES = (AssertionError, MemoryError)
-_FATAL_MARKERS = ("CUDA error", "device-side assert", "HIP error", "NCCL", "illegal memory")
-
-
-class InjectedFault(RuntimeError):
-    """Raised by the SGLANG_FAULT_INJECT testing hook."""
-
-
-class FaultInjector:
-    """SGLANG_FAULT_INJECT=`<site>:<marker>[,<site>:<marker>...]`: fail `site` for
-    rids containing `marker`."""
-
-    def __init__(self, spec: str | None) -> None:
-        self.markers: dict[str, str] = {}
-        for item in filter(None, (spec or "").split(",")):
-            site, sep, marker = item.strip().partition(":")
-            if not sep or not marker:
-                raise ValueError(f"SGLANG_FAULT_INJECT={spec!r}: expected <site>:<marker>")
-            self.markers[site] = marker
-
-    @classmethod
-    def from_env(cls) -> FaultInjector:
-        return cls(envs.SGLANG_FAULT_INJECT.get())
-
-    def check(self, site: str, rids: list[str]) -> None:
-        marker = self.markers.get(site)
-        if marker is None:
-            return
-        hit = [rid for rid in rids if marker in rid]
-        if hit:
-            raise InjectedFault(f"injected {site} fault for request {hit[0]}")
-
-
-def is_fatal(exc: BaseException) -> bool:
-    if isinstance(exc, _FATAL_TYPES):
-        return True
-    text = str(exc)
-    return any(marker in text for marker in _FATAL_MARKERS)
 
 
 def merge_results(results: list[GenerationBatchResult]) -> GenerationBatchResult:

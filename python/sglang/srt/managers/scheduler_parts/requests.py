@@ -6,6 +6,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from sglang.srt.managers.fault_injection import is_fatal
 from sglang.srt.managers.io_struct import (
     AbortReq,
     FlushCacheReqInput,
@@ -18,7 +19,6 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.request_errors import OVERLOADED_STATUS, internal_error_reason
 from sglang.srt.managers.schedule_batch import Req, finish_abort
-from sglang.srt.managers.scheduler_parts.faults import is_fatal
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

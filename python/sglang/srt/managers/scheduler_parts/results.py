@@ -10,10 +10,10 @@ from sglang.srt.managers.detokenizer_manager import (
     stop_window_tokens,
     trim_incomplete_utf8,
 )
+from sglang.srt.managers.fault_injection import is_fatal
 from sglang.srt.managers.io_struct import BatchTokenIDOutput, DecodeParams
 from sglang.srt.managers.request_errors import internal_error_reason
 from sglang.srt.managers.schedule_batch import finish_length, finish_stop
-from sglang.srt.managers.scheduler_parts.faults import is_fatal
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch
