@@ -145,7 +145,11 @@ def test_burst_is_served_or_refused_never_frozen(server):
     """2,000 requests at once: each is answered 200 or 429 (with Retry-After), /health
     answers meanwhile, and the pool is intact after."""
     bodies = [
-        {"text": f"burst {i}", "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}
+        {
+            "text": f"burst {i}",
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0.0},
+            "stream": i % 2 == 1,  # a refused stream is a plain 429 too, not an SSE body
+        }
         for i in range(2000)
     ]
 
@@ -173,6 +177,10 @@ def test_burst_is_served_or_refused_never_frozen(server):
     assert refused and codes.count(200) >= MAX_QUEUED
     assert refused[0].headers["Retry-After"] == "1"
     assert refused[0].json()["error"]["type"] == "rate_limit_error"
+    refused_streams = [r for i, r in enumerate(responses) if r.status_code == 429 and i % 2]
+    assert refused_streams and refused_streams[0].json()["error"]["code"] == "server_overloaded"
+    served_streams = [r for i, r in enumerate(responses) if r.status_code == 200 and i % 2]
+    assert served_streams and all(r.text.endswith("data: [DONE]\n\n") for r in served_streams)
     assert probe_codes and set(probe_codes) == {200}
     assert max(probe_s) < HEALTH_TIMEOUT_S, probe_s
     assert_pool_intact(server)
