@@ -50,6 +50,8 @@ from urllib.parse import urlparse
 import httpx
 import psutil
 
+from sglang.test.pool_checks import idle_pool_problems
+
 logger = logging.getLogger(__name__)
 
 GENERATION = frozenset({200, 429})  # 429: the queue is full (bursts run alongside)
@@ -482,18 +484,7 @@ def judge(result: SoakResult, rss_tolerance: float, tolerated_resets: int = 0) -
         for kind, count in result.errors.items()
         if resets > tolerated_resets or ": ReadError" not in kind
     ]
-    state = result.final_state
-    if state.get("num_running_reqs") != 0 or state.get("num_queued_reqs") != 0:
-        failures.append(f"not idle after the run: running {state.get('num_running_reqs')}, "
-                        f"queued {state.get('num_queued_reqs')}")  # fmt: skip
-    if state.get("memory_integrity") != "ok":
-        failures.append(f"memory integrity: {state.get('memory_integrity')}")
-    kv = state.get("available_kv_tokens", 0) + state.get("cached_kv_tokens", 0)
-    if kv != state.get("max_total_num_tokens"):
-        failures.append(f"KV leak: free + cached = {kv} of {state.get('max_total_num_tokens')}")
-    if state.get("free_req_slots") != state.get("total_req_slots"):
-        failures.append(f"request slots: {state.get('free_req_slots')} free of "
-                        f"{state.get('total_req_slots')}")  # fmt: skip
+    failures += idle_pool_problems(result.final_state)
     if result.health_status != 200:
         failures.append(f"/health answered {result.health_status}")
     return failures + _rss_failures(result.rss_start, result.rss_end, rss_tolerance)

@@ -1,0 +1,23 @@
+"""What an idle scheduler's state must show when nothing leaked (tests and soak)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def idle_pool_problems(state: dict[str, Any]) -> list[str]:
+    """The leak checks an `internal_states` entry fails, in words (empty: all pass):
+    idle, integrity ok, free + cached KV == the pool, every request slot free."""
+    problems = []
+    if state.get("num_running_reqs") != 0 or state.get("num_queued_reqs") != 0:
+        problems.append(f"not idle: running {state.get('num_running_reqs')}, "
+                        f"queued {state.get('num_queued_reqs')}")  # fmt: skip
+    if state.get("memory_integrity") != "ok":
+        problems.append(f"memory integrity: {state.get('memory_integrity')}")
+    kv = state.get("available_kv_tokens", 0) + state.get("cached_kv_tokens", 0)
+    if kv != state.get("max_total_num_tokens"):
+        problems.append(f"KV leak: free + cached = {kv} of {state.get('max_total_num_tokens')}")
+    if state.get("free_req_slots") != state.get("total_req_slots"):
+        problems.append(f"request slots: {state.get('free_req_slots')} free of "
+                        f"{state.get('total_req_slots')}")  # fmt: skip
+    return problems
