@@ -93,3 +93,27 @@ def test_typo_in_mode_raises_loudly(monkeypatch):
     monkeypatch.setenv("SGLANG_ROLE_NAMESPACES", "enforced")
     with pytest.raises(ValueError, match="SGLANG_ROLE_NAMESPACES"):
         publish_as("scheduler")
+
+
+def test_enforce_covers_config_leaf_and_override(monkeypatch):
+    """No bypass: reading a leaf by name or overriding one is a read of its namespace."""
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES", "enforce")
+    publish_as("dp_controller")
+    assert get_context().config_leaf("tp_size") == 1  # parallel: in its set
+    with pytest.raises(PermissionError, match="'model'"):
+        get_context().config_leaf("model_path")
+    with pytest.raises(PermissionError, match="'schedule'"):
+        get_context().override("test", max_queued_requests=3)
+
+
+def test_record_survives_an_unwritable_record_file(monkeypatch, tmp_path, caplog):
+    """A record file that cannot be written warns once; bag reads keep working."""
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES", "record")
+    monkeypatch.setenv("SGLANG_ROLE_NAMESPACES_OUT", str(tmp_path))  # a directory
+    with caplog.at_level("WARNING"):
+        publish_as("detokenizer")
+        assert get_model().model_path == "org/model"
+        get_exec()
+    warnings = [r for r in caplog.records if "cannot write" in r.getMessage()]
+    assert len(warnings) == 1
+    assert {("detokenizer", "model"), ("detokenizer", "exec")} <= get_context().audit.pairs

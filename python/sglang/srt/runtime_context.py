@@ -239,6 +239,7 @@ class RoleAudit:
         self.mode = "off"
         self.pairs: set[tuple[str, str]] = set()
         self._exit_hook = False
+        self._write_failed = False  # warned once; later pairs stay in memory
 
     def refresh(self) -> None:
         from sglang.srt.environ import envs
@@ -284,9 +285,14 @@ class RoleAudit:
 
         self.pairs.add((role, namespace))
         out = envs.SGLANG_ROLE_NAMESPACES_OUT.get()
-        if out is not None:
+        if out is None or self._write_failed:
+            return
+        try:
             with open(out, "a", encoding="utf-8") as f:
                 f.write(f"{role} {namespace}\n")
+        except OSError as exc:  # the audit must never break the config read it records
+            self._write_failed = True
+            logger.warning("role audit: cannot write %s (%s); recording in memory only", out, exc)
 
     def log_summary(self) -> None:
         by_role: dict[str, list[str]] = {}
@@ -649,6 +655,8 @@ class RuntimeContext:
         head, *rest = path.split(".")
         if head not in self.bags:
             raise ConfigNotPublishedError(f"override: config namespace '{head}' not published")
+        if self.audit.mode != "off":  # the same role check as a bag read (no bypass)
+            self.audit.on_read(self.role, head)
         bag = self.bags[head]
         for part in rest:
             if part not in bag._bag_children:
