@@ -149,3 +149,41 @@ def test_abort_at_every_stage_and_stream_interval(tiny_llama_dir, prompts):
         assert sched.tree_cache.total_size() == 0
     finally:
         ctx.restore()
+
+
+class _FailAfter:
+    """A fault hook: the forward of any batch holding `rid` fails from call `after` on
+    (0: its prefill; 2: a decode step after it started generating)."""
+
+    def __init__(self, rid: str, after: int) -> None:
+        self.rid, self.after, self.calls = rid, after, 0
+
+    def check(self, site: str, rids: list[str]) -> None:
+        if self.rid in rids:
+            self.calls += 1
+            if self.calls > self.after:
+                raise RuntimeError(f"boom in {self.rid}")
+
+
+@pytest.mark.parametrize("after", [0, 2], ids=["in-prefill", "in-decode"])
+@pytest.mark.parametrize(
+    "fields", [{}, {"page_size": 4, "chunked_prefill_size": 8}], ids=["page1", "page4-chunk8"]
+)
+def test_a_failing_forward_fails_only_its_request(
+    tiny_llama_dir, prompts, reference, after, fields
+):
+    """The faulty request ends with a 500 abort; the others get exactly the reference
+    tokens; no KV slot or request row leaks (run_until_idle checks integrity)."""
+    sched, ctx = make_scheduler(str(tiny_llama_dir), **fields)
+    try:
+        sched.fault_injector = _FailAfter("3", after)
+        for i, p in enumerate(prompts):
+            sched.recv_from_tokenizer.send(request(str(i), p))
+        got = run_until_idle(sched)
+        fin = got["3"][-1][1]
+        assert fin["type"] == "abort" and fin["status_code"] == 500 and "boom" in fin["message"]
+        for i in range(len(prompts)):
+            if i != 3:
+                assert sum((ids for ids, _ in got[str(i)]), []) == reference[i], i
+    finally:
+        ctx.restore()

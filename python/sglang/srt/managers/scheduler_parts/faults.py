@@ -94,6 +94,8 @@ class SchedulerFaultsMixin:
             try:
                 result = self.forward([req], single.to_worker_batch(self._sampling_info([req])))
             except Exception as exc:
+                if is_fatal(exc):
+                    raise
                 self.abort_on_error(req, exc, computed_end=req.kv_len + req.extend_len)
                 continue
             good.append((req, loc, prefix_len, result))
@@ -119,6 +121,8 @@ class SchedulerFaultsMixin:
                 results.append(self.forward([req], worker_batch))
                 good_locs.append(loc)
             except Exception as exc:
+                if is_fatal(exc):
+                    raise
                 failed.append(req)
                 self.abort_on_error(req, exc, computed_end=req.kv_len + 1)
         self.running.remove(failed)
