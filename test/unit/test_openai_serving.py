@@ -468,3 +468,17 @@ def test_top_logprobs_num_capped_by_the_vocabulary():
     check_request_fields(obj, vocab_size=64)
     with pytest.raises(ValueError, match=r"top_logprobs_num must be an integer in \[0, 50\]"):
         check_request_fields(obj, vocab_size=50)
+
+
+def test_one_request_cannot_ask_for_unbounded_generations(client):
+    """prompts x n is capped per HTTP request (each choice is a concurrent generation)."""
+    many = client.post("/v1/completions", json={"model": MODEL, "prompt": ["a"] * 20, "n": 128})
+    assert_error(many, 400, "prompt")
+    native = client.post(
+        "/generate", json={"text": ["a"] * 2000, "sampling_params": {"max_new_tokens": 1}}
+    )
+    assert_error(native, 400, "text")
+    ok = client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": ["a"] * 8, "n": 2, "max_tokens": 1}
+    )
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 16

@@ -37,6 +37,8 @@ SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request"; nobody reads it
 MODEL_ALIASES = ("default",)
+# prompts x n of one HTTP request: each is a concurrent generation (docs/api.md "Limits")
+MAX_CHOICES_PER_REQUEST = 1024
 ChunkT = TypeVar("ChunkT", bound=BaseModel)
 
 
@@ -59,10 +61,22 @@ def choice_rids(request_id: str, user_rid: str | None, num_choices: int) -> list
 
 
 def plan_choices(
-    request_id: str, user_rid: str | None, params: dict[str, Any], num_prompts: int, n: int
+    request_id: str,
+    user_rid: str | None,
+    params: dict[str, Any],
+    num_prompts: int,
+    n: int,
+    prompt_param: str = "prompt",
 ) -> list[tuple[int, dict[str, Any], str]]:
     """(prompt index, sampling dict, rid) of each choice: choice k is sample k % n of
     prompt k // n, and sample j of a seeded request samples with seed + j."""
+    if num_prompts * n > MAX_CHOICES_PER_REQUEST:
+        raise APIError(
+            f"{num_prompts} prompts x n={n} is {num_prompts * n} generations; one request "
+            f"may ask for at most {MAX_CHOICES_PER_REQUEST} (send several requests)",
+            param="n" if num_prompts == 1 else prompt_param,
+            code="invalid_value",
+        )
     rids = choice_rids(request_id, user_rid, num_prompts * n)
     return [(k // n, for_choice(params, k % n), rid) for k, rid in enumerate(rids)]
 

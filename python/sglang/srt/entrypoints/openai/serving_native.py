@@ -85,8 +85,9 @@ def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
     if not prompts:
         param = "text" if request.text is not None else "input_ids"
         raise APIError("the prompt list is empty", param=param, code="invalid_value")
+    prompt_param = "text" if request.text is not None else "input_ids"
     choices = plan_choices(
-        new_request_id("gen"), request.rid, request.params_dict(), len(prompts), n
+        new_request_id("gen"), request.rid, request.params_dict(), len(prompts), n, prompt_param
     )
     return [_one_input(request, prompts[i], p, rid) for i, p, rid in choices]
 
