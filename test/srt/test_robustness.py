@@ -221,3 +221,16 @@ def test_fuzzed_bodies_get_2xx_or_4xx(server, path):
     assert any(code < 300 for code in seen) and any(code >= 400 for code in seen), seen
     assert_pool_intact(server)
     assert_healthy(server)
+
+
+def test_huge_text_prompts_are_refused_without_stalling(server):
+    """A 5 MB text is refused before tokenizing (it cannot fit the context); a 100 KB
+    one is tokenized off the event loop and refused for its token count."""
+    huge = post(server, "/generate", {"text": "x" * 5_000_000, "sampling_params": GREEDY})
+    assert huge.status_code == 400 and huge.json()["error"]["param"] == "text"
+    assert huge.json()["error"]["code"] == "context_length_exceeded"
+    assert "characters" in huge.json()["error"]["message"]
+    long = post(server, "/generate", {"text": "word " * 20_000, "sampling_params": GREEDY})
+    assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+    assert "tokens" in long.json()["error"]["message"]
+    assert_healthy(server)

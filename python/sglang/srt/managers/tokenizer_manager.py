@@ -45,6 +45,8 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+INLINE_TOKENIZE_CHARS = 16_384  # longer texts are tokenized off the event loop
+
 
 def load_tokenizer() -> Any:
     """The HF tokenizer named by the published `model` bag (None if skipped)."""
@@ -97,6 +99,7 @@ class TokenizerManager:
         self._handle_loop_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_output_at: float | None = None
+        self._max_token_chars: int | None = None  # the vocabulary's longest token string
         # Set by the launcher: the scheduler's shared forward clock (None: unknown).
         self.forward_clock: ForwardClock | None = None
 
@@ -172,7 +175,7 @@ class TokenizerManager:
         """One request; yields cumulative dicts, the last with finish_reason set."""
         self._check_alive()
         self._ensure_handle_loop()
-        tokenized = self._tokenize(obj)
+        tokenized = await self._tokenize_off_loop(obj)
         state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
         if obj.rid in self.rid_to_state:
             raise ValueError(f"duplicate request id {obj.rid!r}")
@@ -218,6 +221,13 @@ class TokenizerManager:
             state.finished_reason,
         )
 
+    async def _tokenize_off_loop(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
+        """A long text is tokenized in a worker thread (the tokenizer releases the GIL),
+        so a huge prompt does not stall every other request and /health meanwhile."""
+        if isinstance(obj.text, str) and len(obj.text) > INLINE_TOKENIZE_CHARS:
+            return await asyncio.to_thread(self._tokenize, obj)
+        return self._tokenize(obj)
+
     def _tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
         check_request_fields(obj, self.model_config.vocab_size)
         input_ids = self._input_ids(obj)
@@ -248,6 +258,7 @@ class TokenizerManager:
                     "--skip-tokenizer-init): send input_ids",
                     "text",
                 )
+            self._check_text_can_fit(obj.text)
             ids = list(self.tokenizer.encode(obj.text))
             param = "text"
         else:
@@ -258,6 +269,21 @@ class TokenizerManager:
         if any(t < 0 or t >= vocab for t in ids):
             raise InvalidParamError(f"input_ids must be token ids in [0, {vocab})", "input_ids")
         return ids
+
+    def _check_text_can_fit(self, text: str) -> None:
+        """Refuse, without tokenizing it, a text too long for the context even if every
+        token were the vocabulary's longest (a token never decodes to more characters
+        than its vocabulary string has)."""
+        if self._max_token_chars is None:
+            vocab = self.tokenizer.get_vocab()
+            self._max_token_chars = max((len(t) for t in vocab), default=1)
+        limit = self.context_len * self._max_token_chars
+        if len(text) > limit:
+            raise InvalidParamError(
+                f"The input ({len(text)} characters) is longer than the model's context "
+                f"length ({self.context_len} tokens) can hold (at most {limit} characters).",
+                "text",
+            )
 
     def _check_length(self, input_len: int, max_new_tokens: int | None) -> None:
         """The prompt must fit the context and the KV pool; prompt + max_new_tokens
