@@ -233,4 +233,8 @@ def test_huge_text_prompts_are_refused_without_stalling(server):
     long = post(server, "/generate", {"text": "word " * 20_000, "sampling_params": GREEDY})
     assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
     assert "tokens" in long.json()["error"]["message"]
+    chat = post(server, "/v1/chat/completions",
+                {"model": "default", "messages": [{"role": "user", "content": "y" * 5_000_000}]})  # fmt: skip
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+    assert chat.json()["error"]["code"] == "context_length_exceeded"
     assert_healthy(server)

@@ -165,6 +165,10 @@ class FakeTokenizerManager:
     async def flush_cache(self) -> bool:
         return not self.running
 
+    def check_text_can_fit(self, text: str, param: str) -> None:
+        if len(text) > self.context_len * 4:  # the fake tokenizer: one char per token
+            raise ValueError(f"{param}: longer than the context length")
+
     def scheduler_busy_for_s(self) -> float | None:
         return None
 

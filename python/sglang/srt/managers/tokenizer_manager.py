@@ -258,7 +258,7 @@ class TokenizerManager:
                     "--skip-tokenizer-init): send input_ids",
                     "text",
                 )
-            self._check_text_can_fit(obj.text)
+            self.check_text_can_fit(obj.text, "text")
             ids = list(self.tokenizer.encode(obj.text))
             param = "text"
         else:
@@ -270,7 +270,7 @@ class TokenizerManager:
             raise InvalidParamError(f"input_ids must be token ids in [0, {vocab})", "input_ids")
         return ids
 
-    def _check_text_can_fit(self, text: str) -> None:
+    def check_text_can_fit(self, text: str, param: str) -> None:
         """Refuse, without tokenizing it, a text too long for the context even if every
         token were the vocabulary's longest (a token never decodes to more characters
         than its vocabulary string has)."""
@@ -282,7 +282,7 @@ class TokenizerManager:
             raise InvalidParamError(
                 f"The input ({len(text)} characters) is longer than the model's context "
                 f"length ({self.context_len} tokens) can hold (at most {limit} characters).",
-                "text",
+                param,
             )
 
     def _check_length(self, input_len: int, max_new_tokens: int | None) -> None:

@@ -67,6 +67,10 @@ class OpenAIServingChat(OpenAIServingBase):
             )
         except ChatTemplateError as exc:
             raise APIError(str(exc), param="messages") from exc
+        try:
+            self.tokenizer_manager.check_text_can_fit(text, "messages")
+        except ValueError as exc:
+            raise APIError(str(exc), param="messages", code="context_length_exceeded") from None
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _max_new_tokens(self, request: ChatCompletionRequest, prompt_len: int) -> int:
