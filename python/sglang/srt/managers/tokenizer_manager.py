@@ -20,6 +20,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from pydantic import BaseModel, ValidationError
 
 from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.io_struct import (
@@ -40,7 +41,16 @@ from sglang.srt.managers.request_errors import (
     error_of_finish,
     internal_error_reason,
 )
-from sglang.srt.sampling.param_types import MAX_TOP_LOGPROBS_NUM, InvalidParamError
+from sglang.srt.sampling.param_types import (
+    MAX_TOP_LOGPROBS_NUM,
+    Flag,
+    InvalidParamError,
+    LogprobStartLen,
+    RequestId,
+    TopLogprobsNum,
+    first_error,
+    strict,
+)
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -480,38 +490,35 @@ def _is_sample_of(rid: str, parent: str) -> bool:
     return rid.startswith(parent + "-") and rid[len(parent) + 1 :].isdigit()
 
 
+class RequestFieldsSpec(BaseModel):
+    """GenerateReqInput's own fields (sampling_params aside), with the rules the
+    /generate body declares for them."""
+
+    text: strict(str) | None
+    input_ids: list[strict(int)] | None  # the vocabulary range is checked with the ids
+    stream: Flag
+    return_logprob: Flag
+    return_text_in_logprobs: Flag
+    rid: RequestId
+    top_logprobs_num: TopLogprobsNum
+    logprob_start_len: LogprobStartLen
+
+
 def check_request_fields(obj: GenerateReqInput, vocab_size: int) -> None:
-    """Types and ranges of GenerateReqInput's own fields (sampling_params aside)."""
-    _expect(obj.text is None or isinstance(obj.text, str), "text", "a string")
-    ids = obj.input_ids
-    _expect(
-        ids is None or (isinstance(ids, list) and all(_is_int(t) for t in ids)),
-        "input_ids",
-        "a list of token ids (integers)",
-    )
-    for name in ("stream", "return_logprob", "return_text_in_logprobs"):
-        _expect(isinstance(getattr(obj, name), bool), name, "a boolean")
-    _expect(isinstance(obj.rid, str) and obj.rid != "", "rid", "a non-empty string")
+    """Types and ranges of GenerateReqInput's own fields; top_logprobs_num also
+    within the vocabulary."""
+    fields = {name: getattr(obj, name) for name in RequestFieldsSpec.model_fields}
+    try:
+        RequestFieldsSpec.model_validate(fields)
+    except ValidationError as exc:
+        raise first_error(exc) from None
     top_cap = min(vocab_size, MAX_TOP_LOGPROBS_NUM)
-    _expect(
-        _is_int(obj.top_logprobs_num) and 0 <= obj.top_logprobs_num <= top_cap,
-        "top_logprobs_num",
-        f"an integer in [0, {top_cap}] (the vocabulary size and a cap of {MAX_TOP_LOGPROBS_NUM})",
-    )
-    _expect(
-        _is_int(obj.logprob_start_len) and obj.logprob_start_len >= -1,
-        "logprob_start_len",
-        "an integer >= -1",
-    )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _expect(ok: bool, name: str, what: str) -> None:
-    if not ok:
-        raise InvalidParamError(f"{name} must be {what}", name)
+    if obj.top_logprobs_num > top_cap:
+        raise InvalidParamError(
+            f"top_logprobs_num must be an integer in [0, {top_cap}] (the vocabulary size "
+            f"and a cap of {MAX_TOP_LOGPROBS_NUM})",
+            "top_logprobs_num",
+        )
 
 
 def _sampling_params(params: Any, vocab_size: int) -> SamplingParams:

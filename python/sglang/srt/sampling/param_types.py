@@ -76,6 +76,10 @@ LogitBias = Annotated[
     AfterValidator(_check_logit_bias),
 ]
 GrammarText = strict(str)
+# Request-level fields (GenerateReqInput, /generate and the OpenAI `rid`).
+RequestId = strict(str, min_length=1)
+TopLogprobsNum = strict(int, ge=0, le=MAX_TOP_LOGPROBS_NUM)  # also <= the vocabulary
+LogprobStartLen = strict(int, ge=-1)
 
 
 _NUM_SAMPLES = TypeAdapter(NumSamples)

@@ -22,6 +22,7 @@ from sglang.srt.sampling.param_types import (
     NumSamples,
     Penalty,
     RepetitionPenalty,
+    RequestId,
     Seed,
     StopStrings,
     Temperature,
@@ -95,7 +96,7 @@ class SamplingFields(BaseModel):
     skip_special_tokens: Flag = True
     stop_token_ids: TokenIds | None = None
     no_stop_trim: Flag = False
-    rid: strict(str, min_length=1) | None = None
+    rid: RequestId | None = None
     # Structured output: accepted, answered 400 until a grammar backend serves it.
     regex: GrammarText | None = None
     json_schema: GrammarText | None = None

@@ -25,7 +25,14 @@ from sglang.srt.entrypoints.openai.serving_base import (
     prompt_fields,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.sampling.param_types import MAX_TOP_LOGPROBS_NUM, Flag, NonNegInt, strict
+from sglang.srt.sampling.param_types import (
+    Flag,
+    LogprobStartLen,
+    NonNegInt,
+    RequestId,
+    TopLogprobsNum,
+    strict,
+)
 from sglang.srt.sampling.sampling_params import SamplingParamsSpec
 
 if TYPE_CHECKING:
@@ -39,11 +46,11 @@ class GenerateRequest(BaseModel):
     text: Union[strict(str), list[strict(str)], None] = None
     input_ids: Union[list[NonNegInt], list[list[NonNegInt]], None] = None
     sampling_params: SamplingParamsSpec | None = None
-    rid: strict(str, min_length=1) | None = None
+    rid: RequestId | None = None
     stream: Flag = False
     return_logprob: Flag = False
-    top_logprobs_num: strict(int, ge=0, le=MAX_TOP_LOGPROBS_NUM) = 0
-    logprob_start_len: strict(int, ge=-1) = -1
+    top_logprobs_num: TopLogprobsNum = 0
+    logprob_start_len: LogprobStartLen = -1
     return_text_in_logprobs: Flag = False
 
     @model_validator(mode="after")
