@@ -88,8 +88,8 @@ class SamplingParams(SamplingParamsSpec):
         return _TOP_K_ALL if self.top_k in (-1, 0) else self.top_k
 
     def verify(self, vocab_size: int | None = None) -> None:
-        """Raise InvalidParamError naming the first invalid field (rules, then
-        cross-field and vocabulary checks)."""
+        """Raise InvalidParamError naming the first field that breaks a cross-field or
+        vocabulary rule (each field's own rule held when this object was built)."""
         max_new = self.max_new_tokens
         if max_new is not None and self.min_new_tokens > max_new:
             raise InvalidParamError(
