@@ -182,7 +182,7 @@ def test_snapshot_restore_round_trip():
 def test_config_bag_by_name():
     published()
     assert config_bag("exec").graph.disable_cuda_graph is False
-    assert get_exec().features.grammar_backend == "none"
+    assert get_exec().features.grammar_backend == "xgrammar"
     assert get_exec().as_dict()["kernel"]["sampling_backend"] == "pytorch"
 
 

@@ -34,7 +34,7 @@ def test_cpu_defaults_are_declared_not_written():
     assert resolution_result(sa, "attention_backend") == "torch_native"
     assert resolution_result(sa, "sampling_backend") == "pytorch"
     assert resolution_result(sa, "mem_fraction_static") is None  # runner: bounded CPU pool
-    assert resolution_result(sa, "grammar_backend") == "none"  # until constrained decoding
+    assert resolution_result(sa, "grammar_backend") == "xgrammar"
     assert resolution_result(sa, "tokenizer_path") == "org/model"
     assert resolution_result(sa, "served_model_name") == "org/model"
     assert isinstance(resolution_result(sa, "random_seed"), int)

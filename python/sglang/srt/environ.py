@@ -145,6 +145,13 @@ class Envs:
         "Seconds /health waits for the scheduler to answer before it answers 503 "
         "(a scheduler that produced output within this window counts as answering).",
     )
+    SGLANG_GRAMMAR_TIMEOUT = EnvVar(
+        "SGLANG_GRAMMAR_TIMEOUT",
+        "float",
+        300.0,
+        "Seconds a constrained request waits for its grammar to compile before it fails "
+        "with a 400 naming the constraint field.",
+    )
     SGLANG_FAULT_INJECT = EnvVar(
         "SGLANG_FAULT_INJECT",
         "str",

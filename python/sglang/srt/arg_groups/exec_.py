@@ -83,10 +83,17 @@ class ExecFeaturesArgs:
 
     grammar_backend: str | None = arg(
         None,
-        "Constrained-decoding backend. Default: none.",
+        "Constrained-decoding backend (json_schema, regex, ebnf, response_format, "
+        "tool_choice required). Default: xgrammar; none turns constrained requests away "
+        "with a 400.",
         choices=GRAMMAR_BACKEND_CHOICES,
-        unsupported="constrained decoding",
-        unsupported_values=("xgrammar", "outlines", "llguidance"),
+        unsupported="constrained decoding with outlines or llguidance",
+        unsupported_values=("outlines", "llguidance"),
+    )
+    constrained_json_disable_any_whitespace: bool = arg(
+        False,
+        "JSON-schema constraints allow no free whitespace (compact JSON): fewer tokens, "
+        "and a weak model cannot wander in whitespace.",
     )
     num_threads: int | None = arg(
         None, "CPU intra-op threads for torch. Default: torch's own choice."

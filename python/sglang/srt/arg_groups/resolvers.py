@@ -161,8 +161,9 @@ def resolve_random_seed(c: Any) -> Resolved:
 def resolve_grammar_backend(c: Any) -> Resolved:
     if c.grammar_backend is not None:
         return None
-    # "none" until constrained decoding lands (then xgrammar): /server_info tells the truth.
-    return "grammar_backend_default", {"grammar_backend": "none"}
+    # A scheduler that cannot load xgrammar records its fallback to "none" with
+    # get_context().override("grammar_fallback", ...): /server_info tells the truth.
+    return "grammar_backend_default", {"grammar_backend": "xgrammar"}
 
 
 def resolve_from_env(c: Any) -> Resolved:

@@ -58,8 +58,8 @@ def adjust_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor
         )
     if info.vocab_bias is not None:
         logits += info.vocab_bias
-    if info.vocab_mask is not None:
-        logits.masked_fill_(info.vocab_mask, float("-inf"))
+    if info.grammar_mask is not None:  # last: a banned token stays banned
+        info.grammar_mask.apply(logits)
     return logits
 
 

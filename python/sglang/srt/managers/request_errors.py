@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+INVALID_REQUEST_STATUS = 400
 OVERLOADED_STATUS = 429
 INTERNAL_ERROR_STATUS = 500
 UNAVAILABLE_STATUS = 503
@@ -24,6 +25,15 @@ class RequestFailedError(RuntimeError):
         super().__init__(message)
         self.message = message
         self.status_code = status_code
+
+
+class InvalidRequestError(RequestFailedError, ValueError):
+    """The runtime found the request invalid after accepting it (a constraint that does
+    not compile, say); `param` names the field. HTTP 400."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, INVALID_REQUEST_STATUS)
+        self.param = param
 
 
 class ServerOverloadedError(RequestFailedError):
@@ -49,7 +59,16 @@ def error_of_finish(reason: dict[str, Any] | None) -> RequestFailedError | None:
     status = int(reason["status_code"])
     if status == OVERLOADED_STATUS:
         return ServerOverloadedError(message)
+    if status == INVALID_REQUEST_STATUS:
+        return InvalidRequestError(message, reason.get("param"))
     return RequestFailedError(message, status)
+
+
+def invalid_request_reason(message: str, param: str | None) -> dict[str, Any]:
+    """The abort finish reason of a request the runtime found invalid (HTTP 400)."""
+    reason = {"type": "abort", "matched": None, "message": message}
+    reason.update(status_code=INVALID_REQUEST_STATUS, param=param)
+    return reason
 
 
 def internal_error_reason(exc: BaseException) -> dict[str, Any]:

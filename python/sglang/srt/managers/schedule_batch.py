@@ -85,6 +85,9 @@ class Req:
         self.send_offset = 0
         self.sent_decode_params = False
         self.logprobs = LogprobState() if return_logprob else None
+        # constrained decoding: this request's matcher (constrained/base.Grammar), set
+        # once its grammar compiled; None for an unconstrained request
+        self.grammar: Any = None
 
     def all_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids

@@ -9,6 +9,7 @@ admission (prefill batches), memory (alloc/release/retract), results
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -23,6 +24,7 @@ from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch, 
 from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy
 from sglang.srt.managers.scheduler_parts.admission import SchedulerAdmissionMixin
 from sglang.srt.managers.scheduler_parts.faults import SchedulerFaultsMixin
+from sglang.srt.managers.scheduler_parts.grammar import SchedulerGrammarMixin
 from sglang.srt.managers.scheduler_parts.memory import SchedulerMemoryMixin
 from sglang.srt.managers.scheduler_parts.requests import SchedulerRequestsMixin
 from sglang.srt.managers.scheduler_parts.results import SchedulerResultsMixin
@@ -33,6 +35,7 @@ from sglang.srt.managers.scheduler_parts.tensor_parallel import (
 )
 from sglang.srt.mem_cache.chunk_cache import ChunkCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.runtime_context import get_exec, get_memory, get_observability, get_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ class Scheduler(
     SchedulerResultsMixin,
     SchedulerRequestsMixin,
     SchedulerFaultsMixin,
+    SchedulerGrammarMixin,
 ):
     def __init__(
         self,
@@ -71,15 +75,14 @@ class Scheduler(
         self._init_config()
         self._init_memory()
         self._init_state()
-
-    def _init_config(self) -> None:
-        from sglang.srt.runtime_context import (
-            get_exec,
-            get_memory,
-            get_observability,
-            get_schedule,
+        features = get_exec().features
+        self._init_grammar(
+            features.grammar_backend,
+            any_whitespace=not features.constrained_json_disable_any_whitespace,
+            blocking=self.tp_sync.tp_size > 1,
         )
 
+    def _init_config(self) -> None:
         sched, mem = get_schedule(), get_memory()
         self.policy = SchedulePolicy(sched.schedule_policy, seed=get_exec().random_seed or 0)
         self.chunked_prefill_size = sched.chunked_prefill_size
@@ -180,6 +183,7 @@ class Scheduler(
     def step(self, block: bool = False) -> None:
         """Receive, schedule one batch, run it, process it, emit outputs."""
         self.process_input_requests(self.recv_requests(block))
+        self.admit_compiled_grammars(block_s=IDLE_POLL_MS / 1e3 if self._only_compiling() else 0)
         batch = self.get_next_batch_to_run()
         if batch is not None:
             self.forward_clock.start()
@@ -191,6 +195,11 @@ class Scheduler(
         self.emit_outputs()
         if batch is None and self.is_idle() and not self._checked_idle:
             self._check_idle_integrity()
+
+    def _only_compiling(self) -> bool:
+        """Nothing can run until a grammar compiles (so the loop may wait for one)."""
+        waiting = self.waiting_queue or len(self.running) or self.chunked_req is not None
+        return not waiting and self.num_grammar_waiting() > 0
 
     def _start_forward_watchdog(self, timeout_s: float) -> None:
         """Exit when one forward runs past timeout_s: the launcher then fails requests."""
@@ -256,15 +265,21 @@ class Scheduler(
 
     def run_batch(self, batch: PrefillBatch | DecodeStep) -> Any:
         if isinstance(batch, PrefillBatch):
-            info = self._sampling_info(batch.reqs)
+            info = self._with_grammar_mask(self._sampling_info(batch.reqs), batch.reqs)
             return self.forward(batch.reqs, batch.to_worker_batch(info))
         info = self.running.cached_sampling_info()
         if info is None:
             info = self._sampling_info(self.running.reqs)
             if not any(_needs_fresh_sampling_info(r) for r in self.running.reqs):
                 self.running.set_sampling_info(info)
+        info = self._with_grammar_mask(info, self.running.reqs)
         worker_batch = self.running.to_worker_batch(batch.out_cache_loc, info)
         return self.forward(self.running.reqs, worker_batch)
+
+    def _with_grammar_mask(self, info: Any, reqs: list[Req]) -> Any:
+        """`info` with this step's grammar mask (a copy: the cached info stays mask-free)."""
+        mask = self.grammar_mask(reqs)
+        return info if mask is None else dataclasses.replace(info, grammar_mask=mask)
 
     def _sampling_info(self, reqs: list[Req]) -> Any:
         from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo

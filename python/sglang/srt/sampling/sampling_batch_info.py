@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,7 +29,9 @@ class SamplingBatchInfo:
     frequency_penalties: torch.Tensor | None = None  # float32[bs, 1]; None = unused
     presence_penalties: torch.Tensor | None = None  # float32[bs, 1]
     repetition_penalties: torch.Tensor | None = None  # float32[bs, 1]
-    vocab_mask: torch.Tensor | None = None  # bool[bs, vocab]: True = banned (grammar)
+    # This step's grammar mask (constrained/grammar_manager.GrammarMask): it has
+    # `apply(logits)`; None when no request in the batch is constrained.
+    grammar_mask: Any = None
 
     @property
     def batch_size(self) -> int:
@@ -39,7 +42,7 @@ class SamplingBatchInfo:
         return (
             self.vocab_bias is not None
             or self.penalty_counts is not None
-            or self.vocab_mask is not None
+            or self.grammar_mask is not None
         )
 
     @classmethod

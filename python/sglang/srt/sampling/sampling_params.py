@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
@@ -25,7 +26,13 @@ from sglang.srt.sampling.param_types import (
     first_error,
 )
 
-_TOP_K_ALL = 1 << 30  # top_k = -1 means "all tokens"
+_TOP_K_ALL = 1 << 30
+_CONSTRAINT_FIELDS = (
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+)  # top_k = -1 means "all tokens"
 
 
 class SamplingParamsSpec(BaseModel):
@@ -53,6 +60,7 @@ class SamplingParamsSpec(BaseModel):
     json_schema: GrammarText | None = None
     regex: GrammarText | None = None
     ebnf: GrammarText | None = None
+    structural_tag: GrammarText | None = None
 
 
 class SamplingParams(SamplingParamsSpec):
@@ -115,9 +123,22 @@ class SamplingParams(SamplingParamsSpec):
                 )
 
     def _verify_grammar(self) -> None:
-        given = [g for g in (self.json_schema, self.regex, self.ebnf) if g is not None]
+        """At most one constraint; the JSON ones must parse (the rest is checked when the
+        scheduler compiles them)."""
+        given = [name for name in _CONSTRAINT_FIELDS if getattr(self, name) is not None]
         if len(given) > 1:
-            raise InvalidParamError("json_schema, regex and ebnf are mutually exclusive", "regex")
+            raise InvalidParamError(
+                f"{', '.join(_CONSTRAINT_FIELDS)} are mutually exclusive (got {given})",
+                given[1],
+            )
+        for name in ("json_schema", "structural_tag"):
+            text = getattr(self, name)
+            if text is None:
+                continue
+            try:
+                json.loads(text)
+            except ValueError as exc:
+                raise InvalidParamError(f"{name} is not valid JSON: {exc}", name) from None
 
     def normalize(self, tokenizer=None) -> None:
         """Turn `stop` into `stop_strs` and `stop_token_ids` into a set."""

@@ -70,10 +70,6 @@ class APIError(Exception):
         return b"data: " + orjson.dumps(self.body()) + b"\n\n"
 
 
-def unsupported_structured_output(param: str) -> APIError:
-    return APIError("structured output not supported yet", 400, param=param, code="unsupported")
-
-
 def from_validation_error(exc: RequestValidationError) -> APIError:
     """The first pydantic error, named by its JSON path (the `body` prefix dropped)."""
     errors = exc.errors()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.managers.request_errors import (
+    InvalidRequestError,
     RequestFailedError,
     ServerOverloadedError,
     ServerUnavailableError,
@@ -60,6 +61,8 @@ def to_api_error(exc: BaseException) -> APIError:
         )
     if isinstance(exc, ServerUnavailableError):
         return APIError(exc.message, exc.status_code)
+    if isinstance(exc, InvalidRequestError):
+        return APIError(exc.message, exc.status_code, param=exc.param, code="invalid_value")
     if isinstance(exc, RequestFailedError):
         return APIError(exc.message, exc.status_code, code="request_failed")
     if isinstance(exc, ValueError):

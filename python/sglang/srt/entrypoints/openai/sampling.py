@@ -2,23 +2,62 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from sglang.srt.entrypoints.openai.errors import APIError, unsupported_structured_output
-from sglang.srt.entrypoints.openai.protocol import SamplingFields
+from sglang.srt.constrained.base import ANY_JSON_OBJECT
+from sglang.srt.entrypoints.openai.errors import APIError
+from sglang.srt.entrypoints.openai.protocol import ResponseFormat, SamplingFields
 from sglang.srt.sampling.param_types import InvalidParamError
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 DEFAULT_TEMPERATURE = 1.0
 
 
-def reject_structured_output(request: SamplingFields) -> None:
-    """Structured output is declared in the schema but not served yet: answer 400."""
-    for name in ("regex", "json_schema", "ebnf"):
-        if getattr(request, name) is not None:
-            raise unsupported_structured_output(name)
-    if request.response_format is not None and request.response_format.type != "text":
-        raise unsupported_structured_output("response_format")
+def constraint_params(request: SamplingFields) -> dict[str, str]:
+    """The native constraint field (json_schema / regex / ebnf / structural_tag) the
+    request asks for, from SGLang's extra fields or OpenAI's `response_format`."""
+    given = {name: getattr(request, name) for name in ("regex", "json_schema", "ebnf")}
+    given = {name: text for name, text in given.items() if text is not None}
+    fmt = request.response_format
+    if fmt is not None and fmt.type != "text":
+        if given:
+            raise APIError(
+                f"response_format and {next(iter(given))} are mutually exclusive",
+                param="response_format",
+            )
+        given = _from_response_format(fmt)
+    return given
+
+
+def _from_response_format(fmt: ResponseFormat) -> dict[str, str]:
+    if fmt.type == "json_object":
+        return {"json_schema": ANY_JSON_OBJECT}
+    if fmt.type == "json_schema":
+        spec = fmt.json_schema
+        if not isinstance(spec, dict):
+            raise APIError(
+                "response_format json_schema needs a json_schema object: "
+                '{"name": ..., "schema": {...}}',
+                param="response_format.json_schema",
+            )
+        schema = spec.get("schema")
+        if schema is None:
+            return {"json_schema": ANY_JSON_OBJECT}
+        if not isinstance(schema, dict):
+            raise APIError(
+                "response_format.json_schema.schema must be a JSON object",
+                param="response_format.json_schema.schema",
+            )
+        return {"json_schema": json.dumps(schema)}
+    extra = fmt.model_extra or {}
+    if not isinstance(extra.get("structures"), list) or not isinstance(extra.get("triggers"), list):
+        raise APIError(
+            "response_format structural_tag needs `structures` "
+            '([{"begin", "schema", "end"}]) and `triggers` (a list of strings)',
+            param="response_format",
+        )
+    return {"structural_tag": json.dumps(extra)}
 
 
 # OpenAI field names of the native sampling fields they map to (errors name the former).
@@ -58,6 +97,7 @@ def sampling_params(request: SamplingFields, max_new_tokens: int | None) -> dict
         "no_stop_trim": request.no_stop_trim,
         "logit_bias": request.logit_bias,
         "seed": request.seed,
+        **constraint_params(request),
     }
     return {key: value for key, value in params.items() if value is not None}
 

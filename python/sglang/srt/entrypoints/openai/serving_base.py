@@ -24,7 +24,6 @@ from sglang.srt.entrypoints.openai.protocol import SamplingFields, UsageInfo
 from sglang.srt.entrypoints.openai.sampling import (
     check_choice_params,
     for_choice,
-    reject_structured_output,
     sampling_params,
 )
 from sglang.srt.entrypoints.openai.usage import usage_of
@@ -141,7 +140,6 @@ class OpenAIServingBase(ABC):
 
     async def handle(self, request: SamplingFields, raw_request: Request | None) -> Response:
         self.check_model(request.model)
-        reject_structured_output(request)
         prepared = self.prepare(request)
         fanout = ChoiceFanout(self.tokenizer_manager, prepared.objs, self.metrics, raw_request)
         try:

@@ -92,7 +92,8 @@ class SchedulerFaultsMixin:
             offset += req.extend_len
             single = PrefillBatch(reqs=[req], out_cache_loc=loc, prefix_lens=[prefix_len])
             try:
-                result = self.forward([req], single.to_worker_batch(self._sampling_info([req])))
+                info = self._with_grammar_mask(self._sampling_info([req]), [req])
+                result = self.forward([req], single.to_worker_batch(info))
             except Exception as exc:
                 if is_fatal(exc):
                     raise
@@ -117,7 +118,8 @@ class SchedulerFaultsMixin:
             single = RunningBatch()
             single.add([req])
             try:
-                worker_batch = single.to_worker_batch(loc, self._sampling_info([req]))
+                info = self._with_grammar_mask(self._sampling_info([req]), [req])
+                worker_batch = single.to_worker_batch(loc, info)
                 results.append(self.forward([req], worker_batch))
                 good_locs.append(loc)
             except Exception as exc:

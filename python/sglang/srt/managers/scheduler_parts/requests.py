@@ -82,14 +82,19 @@ class SchedulerRequestsMixin:
         if msg.sampling_params.max_new_tokens is None:
             req.max_new_tokens = self.context_len - len(req.origin_input_ids)
         limit = self.max_queued_requests
-        if limit is not None and len(self.waiting_queue) >= limit:
+        if limit is not None and len(self.waiting_queue) + self.num_grammar_waiting() >= limit:
             text = f"The request queue is full (max_queued_requests={limit}); retry later."
             req.finished_reason = finish_abort(text, status_code=OVERLOADED_STATUS)
             self.pending_outputs.append(req)
             return
-        self.waiting_queue.append(req)
+        if not self.submit_if_constrained(req):
+            self.waiting_queue.append(req)
 
     def handle_abort(self, msg: AbortReq) -> None:
+        compiling = self.remove_grammar_waiting(msg.rid)
+        if compiling is not None:
+            self._finish_aborted(compiling, msg.message)
+            return
         for i, req in enumerate(self.waiting_queue):
             if req.rid == msg.rid:
                 del self.waiting_queue[i]
@@ -113,7 +118,8 @@ class SchedulerRequestsMixin:
     # ------------------------------------------------------------------ control
 
     def is_idle(self) -> bool:
-        return not self.waiting_queue and not len(self.running) and self.chunked_req is None
+        busy = self.waiting_queue or len(self.running) or self.chunked_req is not None
+        return not busy and not self.num_grammar_waiting()
 
     def handle_flush_cache(self, msg: FlushCacheReqInput) -> None:
         if not self.is_idle():
@@ -143,7 +149,8 @@ class SchedulerRequestsMixin:
         used = self.used_kv_tokens()
         return {
             "num_running_reqs": len(self.running) + (1 if self.chunked_req else 0),
-            "num_queued_reqs": len(self.waiting_queue),
+            "num_queued_reqs": len(self.waiting_queue) + self.num_grammar_waiting(),
+            "num_grammar_queue_reqs": self.num_grammar_waiting(),
             "token_usage": round(used / max(self.max_total_num_tokens, 1), 4),
             "num_used_tokens": used,
             "max_total_num_tokens": self.max_total_num_tokens,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from sglang.srt.constrained.base import InvalidGrammarError
 from sglang.srt.managers.detokenizer_manager import (
     find_stop,
     stop_window_tokens,
@@ -12,7 +13,7 @@ from sglang.srt.managers.detokenizer_manager import (
 )
 from sglang.srt.managers.fault_injection import is_fatal
 from sglang.srt.managers.io_struct import BatchTokenIDOutput, DecodeParams
-from sglang.srt.managers.request_errors import internal_error_reason
+from sglang.srt.managers.request_errors import internal_error_reason, invalid_request_reason
 from sglang.srt.managers.schedule_batch import finish_length, finish_stop
 
 if TYPE_CHECKING:
@@ -81,7 +82,12 @@ class SchedulerResultsMixin:
         try:
             if req.logprobs is not None:
                 self._record_output_logprobs(req, result, i, token)
-            self.check_finished(req)
+            if req.grammar is not None:
+                self.advance_grammar(req, token)
+            if not req.finished:
+                self.check_finished(req)
+        except InvalidGrammarError as exc:
+            req.finished_reason = invalid_request_reason(str(exc), exc.param)
         except Exception as exc:  # this request's bookkeeping failed: it ends, not the loop
             if is_fatal(exc):
                 raise

@@ -1,0 +1,1 @@
+"""Grammar-constrained decoding: backends (xgrammar), the compile manager, token masks."""

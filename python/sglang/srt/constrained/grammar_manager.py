@@ -1,0 +1,156 @@
+"""Compiling constraints off the decode loop, and the per-step token mask.
+
+The scheduler hands a new constrained request to `GrammarManager.submit`; the
+compile runs on one worker thread (xgrammar releases the GIL while it works),
+results are kept in an LRU cache keyed by the constraint, and the request waits
+in the manager's queue until `pop_ready` hands it back with its matcher, or with
+its error. Unconstrained requests never pass through here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sglang.srt.constrained.base import GrammarBackend, GrammarKey, InvalidGrammarError
+
+logger = logging.getLogger(__name__)
+
+CACHE_CAPACITY = 256  # compiled constraints kept (LRU)
+
+
+@dataclass
+class GrammarMask:
+    """One step's token mask for the constrained rows of a batch."""
+
+    backend: GrammarBackend
+    bitmask: torch.Tensor  # int32 [bs, words]; rows not in `rows` are unused
+    rows: list[int]  # batch rows that carry a grammar
+
+    def apply(self, logits: torch.Tensor) -> None:
+        self.backend.apply_bitmask(logits, self.bitmask, self.rows)
+
+
+@dataclass
+class _Pending:
+    req: Any
+    key: GrammarKey
+    future: Future
+    deadline_s: float
+
+
+class GrammarManager:
+    def __init__(self, backend: GrammarBackend, timeout_s: float, blocking: bool = False):
+        """`blocking`: wait for each compile in submit order (TP ranks must admit the
+        same requests at the same step, so they cannot race their compiles)."""
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.blocking = blocking
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        self._cache: OrderedDict[GrammarKey, Future] = OrderedDict()
+        self.queue: list[_Pending] = []
+        self.num_compiles = 0
+        self.compile_time_s = 0.0
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    # ------------------------------------------------------------------ compile
+
+    def submit(self, req: Any, key: GrammarKey) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        self.queue.append(_Pending(req, key, self._compiled(key), deadline))
+
+    def _compiled(self, key: GrammarKey) -> Future:
+        future = self._cache.get(key)
+        if future is not None:
+            self._cache.move_to_end(key)
+            return future
+        future = self._executor.submit(self._compile, key)
+        self._cache[key] = future
+        if len(self._cache) > CACHE_CAPACITY:
+            self._cache.popitem(last=False)
+        return future
+
+    def _compile(self, key: GrammarKey) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.backend.compile(key)
+        finally:
+            elapsed = time.perf_counter() - start
+            self.num_compiles += 1
+            self.compile_time_s += elapsed
+            logger.debug("compiled a %s constraint in %.1f ms", key.kind, elapsed * 1e3)
+
+    # ------------------------------------------------------------------ hand back
+
+    def wait(self, timeout_s: float) -> None:
+        """Block up to timeout_s for any pending compile (the scheduler has nothing
+        else to do)."""
+        if self.queue:
+            wait_futures([p.future for p in self.queue], timeout_s, return_when="FIRST_COMPLETED")
+
+    def pop_ready(self) -> tuple[list[Any], list[tuple[Any, Exception]]]:
+        """(requests now holding a matcher in `req.grammar`, (request, error) pairs)."""
+        ready, failed, still = [], [], []
+        now = time.monotonic()
+        for pending in self.queue:
+            if self.blocking:
+                wait_futures([pending.future], max(pending.deadline_s - now, 0.0))
+            if not pending.future.done():
+                if now >= pending.deadline_s:
+                    failed.append((pending.req, self._timeout_error(pending)))
+                else:
+                    still.append(pending)
+                continue
+            error = pending.future.exception()
+            if error is not None:
+                self._forget_failed(pending.key)
+                failed.append((pending.req, error))
+                continue
+            pending.req.grammar = self.backend.new_grammar(pending.future.result())
+            ready.append(pending.req)
+        self.queue = still
+        return ready, failed
+
+    def remove(self, rid: str) -> Any | None:
+        """Take a waiting request out (abort); returns it, or None."""
+        for i, pending in enumerate(self.queue):
+            if pending.req.rid == rid:
+                del self.queue[i]
+                return pending.req
+        return None
+
+    def _forget_failed(self, key: GrammarKey) -> None:
+        # Errors are not cached: a transient failure should not stick to the key.
+        self._cache.pop(key, None)
+
+    def _timeout_error(self, pending: _Pending) -> Exception:
+        self._cache.pop(pending.key, None)
+        return InvalidGrammarError(
+            f"compiling the {pending.key.kind} constraint took longer than "
+            f"{self.timeout_s:g} s (SGLANG_GRAMMAR_TIMEOUT)",
+            pending.key.kind,
+        )
+
+    # ------------------------------------------------------------------ per step
+
+    def mask_for(self, reqs: list[Any]) -> GrammarMask | None:
+        """This step's mask for `reqs` (batch order), or None when none is constrained."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        bitmask = self.backend.allocate_bitmask(len(reqs))
+        for row in rows:
+            reqs[row].grammar.fill_bitmask(bitmask, row)
+        return GrammarMask(self.backend, bitmask, rows)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

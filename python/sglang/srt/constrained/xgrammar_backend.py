@@ -1,0 +1,122 @@
+"""The xgrammar backend: JSON schema, any-JSON, regex, EBNF and structural tags.
+
+xgrammar compiles a constraint against the tokenizer's vocabulary once; a
+`GrammarMatcher` per request then fills a packed token bitmask per step in
+microseconds, and applying the mask is one in-place op over the constrained rows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from sglang.srt.constrained.base import (
+    ANY_JSON_OBJECT,
+    EBNF,
+    JSON_SCHEMA,
+    REGEX,
+    STRUCTURAL_TAG,
+    Grammar,
+    GrammarBackend,
+    GrammarKey,
+    InvalidGrammarError,
+)
+
+# Matchers keep this many accepted tokens so speculative decoding can roll back.
+MAX_ROLLBACK_TOKENS = 16
+
+
+class XGrammarGrammar(Grammar):
+    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+        self.matcher = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.matcher.accept_token(token_id)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
+
+class XGrammarBackend(GrammarBackend):
+    name = "xgrammar"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: list[int],
+        any_whitespace: bool = True,
+    ) -> None:
+        """`vocab_size` is the model's (logits width), which may exceed the tokenizer's."""
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None
+        )
+        self.vocab_size = vocab_size
+        self.any_whitespace = any_whitespace
+        # One compile thread each: the manager runs compiles on its own worker.
+        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+    def compile(self, key: GrammarKey) -> xgr.CompiledGrammar:
+        try:
+            return self._compile(key)
+        except InvalidGrammarError:
+            raise
+        except Exception as exc:  # xgrammar raises RuntimeError with the parser's message
+            raise InvalidGrammarError(f"invalid {key.kind}: {_first_line(exc)}", key.kind) from None
+
+    def _compile(self, key: GrammarKey) -> xgr.CompiledGrammar:
+        if key.kind == JSON_SCHEMA:
+            if key.text == ANY_JSON_OBJECT:
+                return self.compiler.compile_builtin_json_grammar()
+            return self.compiler.compile_json_schema(key.text, any_whitespace=self.any_whitespace)
+        if key.kind == REGEX:
+            return self.compiler.compile_regex(key.text)
+        if key.kind == EBNF:
+            return self.compiler.compile_grammar(key.text)
+        if key.kind == STRUCTURAL_TAG:
+            return self._compile_structural_tag(key.text)
+        raise InvalidGrammarError(f"unknown constraint kind {key.kind!r}", key.kind)
+
+    def _compile_structural_tag(self, text: str) -> xgr.CompiledGrammar:
+        """SGLang's form {"structures": [{"begin", "schema", "end"}], "triggers": [...]},
+        or xgrammar's own structural-tag JSON ({"type": "structural_tag", "format": ...})."""
+        spec = json.loads(text)
+        if isinstance(spec, dict) and "structures" in spec:
+            tags = [
+                xgr.StructuralTagItem(
+                    begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"]
+                )
+                for s in spec["structures"]
+            ]
+            return self.compiler.compile_structural_tag(tags, spec["triggers"])
+        return self.compiler.compile_structural_tag(text)
+
+    def new_grammar(self, compiled: xgr.CompiledGrammar) -> XGrammarGrammar:
+        return XGrammarGrammar(
+            xgr.GrammarMatcher(compiled, max_rollback_tokens=MAX_ROLLBACK_TOKENS)
+        )
+
+    def allocate_bitmask(self, rows: int) -> torch.Tensor:
+        return xgr.allocate_token_bitmask(rows, self.vocab_size)
+
+    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+        if bitmask.device != logits.device:
+            bitmask = bitmask.to(logits.device, non_blocking=True)
+        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=rows)
+
+
+def _first_line(exc: Exception) -> str:
+    """xgrammar's messages start with a '[time] file.cc:line:' prefix; keep the text."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "] " in text and ".cc:" in text:
+        text = text.split(".cc:", 1)[1].split(": ", 1)[-1]
+    return text

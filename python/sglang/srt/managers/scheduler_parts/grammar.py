@@ -1,0 +1,115 @@
+"""Constrained requests in the scheduler: compile, wait, mask, advance.
+
+A request with a constraint (json_schema, regex, ebnf, structural_tag) waits in
+the GrammarManager's queue while its grammar compiles on a worker thread, then
+joins the waiting queue holding a matcher (`req.grammar`). Each forward fills
+the token mask of the batch's constrained rows; each accepted token advances the
+matcher; a matcher that reaches its end finishes the request.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from sglang.srt.constrained.backends import GrammarBackendUnavailable, create_grammar_backend
+from sglang.srt.constrained.base import InvalidGrammarError, key_of
+from sglang.srt.constrained.grammar_manager import GrammarManager
+from sglang.srt.managers.request_errors import internal_error_reason, invalid_request_reason
+from sglang.srt.managers.schedule_batch import finish_stop
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerGrammarMixin:
+    waiting_queue: list[Req]
+    pending_outputs: list[Req]
+    tokenizer: Any
+    vocab_size: int
+    eos_token_ids: set[int]
+
+    def _init_grammar(self, backend_name: str, any_whitespace: bool, blocking: bool) -> None:
+        """Build the backend; if it cannot load, record the fallback to "none"."""
+        from sglang.srt.environ import envs
+        from sglang.srt.runtime_context import get_context
+
+        self.grammar_manager: GrammarManager | None = None
+        self.grammar_unavailable = "the server runs with --grammar-backend none"
+        if backend_name == "none":
+            return
+        try:
+            backend = create_grammar_backend(
+                backend_name,
+                self.tokenizer,
+                self.vocab_size,
+                sorted(self.eos_token_ids),
+                any_whitespace,
+            )
+        except GrammarBackendUnavailable as exc:
+            logger.warning("grammar backend %s unavailable, running without: %s", backend_name, exc)
+            get_context().override("grammar_fallback", grammar_backend="none")
+            self.grammar_unavailable = f"grammar backend {backend_name} is unavailable ({exc})"
+            return
+        timeout_s = envs.SGLANG_GRAMMAR_TIMEOUT.get()
+        self.grammar_manager = GrammarManager(backend, timeout_s, blocking=blocking)
+
+    def submit_if_constrained(self, req: Req) -> bool:
+        """True if `req` carries a constraint (it now waits for its grammar, or failed)."""
+        key = key_of(req.sampling_params)
+        if key is None:
+            return False
+        if self.grammar_manager is None:
+            message = (
+                f"constrained decoding ({key.kind}) is not available: {self.grammar_unavailable}"
+            )
+            req.finished_reason = invalid_request_reason(message, key.kind)
+            self.pending_outputs.append(req)
+        else:
+            self.grammar_manager.submit(req, key)
+        return True
+
+    def num_grammar_waiting(self) -> int:
+        return len(self.grammar_manager) if self.grammar_manager is not None else 0
+
+    def admit_compiled_grammars(self, block_s: float = 0.0) -> None:
+        """Move requests whose grammar compiled into the waiting queue; fail the rest.
+        `block_s` > 0 waits that long for a compile when nothing else can run."""
+        manager = self.grammar_manager
+        if manager is None or not len(manager):
+            return
+        if block_s > 0:
+            manager.wait(block_s)
+        ready, failed = manager.pop_ready()
+        self.waiting_queue.extend(ready)
+        for req, error in failed:
+            param = error.param if isinstance(error, InvalidGrammarError) else None
+            if param is None:
+                logger.error("request %s: grammar compile failed: %r", req.rid, error)
+                req.finished_reason = internal_error_reason(error)
+            else:
+                req.finished_reason = invalid_request_reason(str(error), param)
+            self.pending_outputs.append(req)
+
+    def remove_grammar_waiting(self, rid: str) -> Req | None:
+        return self.grammar_manager.remove(rid) if self.grammar_manager is not None else None
+
+    def grammar_mask(self, reqs: list[Req]) -> Any:
+        """This step's token mask for `reqs`, or None when none is constrained."""
+        if self.grammar_manager is None:
+            return None
+        return self.grammar_manager.mask_for(reqs)
+
+    def advance_grammar(self, req: Req, token: int) -> None:
+        """Feed the sampled token to the request's matcher; a complete grammar stops it."""
+        if not req.grammar.accept_token(token):
+            # The mask allows only grammar tokens, so this means every token was banned
+            # (say min_new_tokens banned the only token the grammar allowed: EOS).
+            raise InvalidGrammarError(
+                f"token {token} breaks the constraint: no allowed token was left to sample",
+                key_of(req.sampling_params).kind,
+            )
+        if req.grammar.is_terminated() and not req.finished:
+            req.finished_reason = finish_stop(token)
