@@ -25,10 +25,6 @@ from sglang.srt.constrained.base import (
     InvalidGrammarError,
 )
 
-# Matchers keep this many accepted tokens so speculative decoding can roll back.
-MAX_ROLLBACK_TOKENS = 16
-
-
 class XGrammarGrammar(Grammar):
     def __init__(self, matcher: xgr.GrammarMatcher) -> None:
         self.matcher = matcher
@@ -75,9 +71,11 @@ class XGrammarBackend(GrammarBackend):
 
     def _compile(self, key: GrammarKey) -> xgr.CompiledGrammar:
         if key.kind == JSON_SCHEMA:
-            if key.text == ANY_JSON_OBJECT:
-                return self.compiler.compile_builtin_json_grammar()
-            return self.compiler.compile_json_schema(key.text, any_whitespace=self.any_whitespace)
+            # Any object: not strict, so it may hold any properties (strict mode would
+            # default additionalProperties to false: only "{}").
+            return self.compiler.compile_json_schema(
+                key.text, any_whitespace=self.any_whitespace, strict_mode=key.text != ANY_JSON_OBJECT
+            )
         if key.kind == REGEX:
             return self.compiler.compile_regex(key.text)
         if key.kind == EBNF:
@@ -101,9 +99,7 @@ class XGrammarBackend(GrammarBackend):
         return self.compiler.compile_structural_tag(text)
 
     def new_grammar(self, compiled: xgr.CompiledGrammar) -> XGrammarGrammar:
-        return XGrammarGrammar(
-            xgr.GrammarMatcher(compiled, max_rollback_tokens=MAX_ROLLBACK_TOKENS)
-        )
+        return XGrammarGrammar(xgr.GrammarMatcher(compiled))  # rollback is unlimited
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(rows, self.vocab_size)

@@ -1,0 +1,229 @@
+"""Grammar-constrained decoding parts: the xgrammar backend on a real tokenizer, the
+compile manager (cache, errors, time-out, abort) and the sampler's mask."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from sglang.srt.constrained.base import (
+    ANY_JSON_OBJECT,
+    GrammarBackend,
+    GrammarKey,
+    InvalidGrammarError,
+    key_of,
+)
+from sglang.srt.constrained.grammar_manager import GrammarManager
+from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
+from sglang.srt.layers.sampler import Sampler
+from sglang.srt.sampling.param_types import InvalidParamError
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.test.corpus import EOS_TOKEN
+from sglang.test.make_tiny_model import VOCAB_SIZE, cached_tokenizer
+
+MODEL_VOCAB = VOCAB_SIZE + 64  # logits wider than the tokenizer, as padded models have
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2},
+    },
+    "required": ["name", "n", "tags"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = PreTrainedTokenizerFast(tokenizer_object=cached_tokenizer(), eos_token=EOS_TOKEN)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def backend(tokenizer) -> XGrammarBackend:
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    return XGrammarBackend(tokenizer, MODEL_VOCAB, [eos], any_whitespace=False)
+
+
+def run_constrained(backend, tokenizer, key: GrammarKey, seed: int, max_tokens: int = 200):
+    """Sample random logits under the grammar until it terminates; the text."""
+    grammar = backend.new_grammar(backend.compile(key))
+    gen = torch.Generator().manual_seed(seed)
+    out: list[int] = []
+    for _ in range(max_tokens):
+        bitmask = backend.allocate_bitmask(1)
+        grammar.fill_bitmask(bitmask, 0)
+        logits = torch.randn(1, MODEL_VOCAB, generator=gen)
+        backend.apply_bitmask(logits, bitmask, [0])
+        token = int(logits.argmax())
+        assert grammar.accept_token(token)
+        if grammar.is_terminated():
+            return tokenizer.decode(out)  # the stop token is not part of the text
+        out.append(token)
+    raise AssertionError(f"grammar did not terminate in {max_tokens} tokens")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_json_schema_output_validates(backend, tokenizer, seed):
+    text = run_constrained(backend, tokenizer, GrammarKey("json_schema", json.dumps(SCHEMA)), seed)
+    value = json.loads(text)
+    assert set(value) == {"name", "n", "tags"}
+    assert 0 <= value["n"] <= 99 and len(value["name"]) <= 6
+    assert set(value["tags"]) <= {"x", "y"} and len(value["tags"]) <= 2
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_regex_ebnf_and_any_json(backend, tokenizer, seed):
+    regex = r"(cat|dog)s? [0-9]{1,3}"
+    assert re.fullmatch(regex, run_constrained(backend, tokenizer, GrammarKey("regex", regex), seed))
+    ebnf = 'root ::= "yes" | "no" | "maybe " [0-9]'
+    text = run_constrained(backend, tokenizer, GrammarKey("ebnf", ebnf), seed)
+    assert re.fullmatch(r"yes|no|maybe [0-9]", text)
+    text = run_constrained(backend, tokenizer, GrammarKey("json_schema", ANY_JSON_OBJECT), seed, 2000)
+    assert isinstance(json.loads(text), dict)  # an object, not any JSON value
+
+
+def test_structural_tag_constrains_the_tagged_part(backend, tokenizer):
+    spec = {
+        "structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}],
+        "triggers": ["<f>"],
+    }
+    grammar = backend.new_grammar(backend.compile(GrammarKey("structural_tag", json.dumps(spec))))
+    for token in tokenizer.encode('<f>{"name": "ab", "n": 3, "tags": []}</f>'):
+        assert grammar.accept_token(token)
+    inside = backend.new_grammar(backend.compile(GrammarKey("structural_tag", json.dumps(spec))))
+    ids = tokenizer.encode('<f>{"nope": 1}')
+    assert not all(inside.accept_token(t) for t in ids)
+
+
+@pytest.mark.parametrize(
+    "kind, text",
+    [("regex", "a(b"), ("ebnf", "root ::= undefined_rule"), ("json_schema", '{"type": "bogus"}')],
+)
+def test_invalid_constraint_names_its_field(backend, kind, text):
+    with pytest.raises(InvalidGrammarError) as info:
+        backend.compile(GrammarKey(kind, text))
+    assert info.value.param == kind and str(info.value).startswith(f"invalid {kind}: ")
+    assert ".cc:" not in str(info.value)  # the library's source location is stripped
+
+
+def test_json_constraints_must_be_json_and_exclusive():
+    with pytest.raises(InvalidParamError, match="json_schema is not valid JSON"):
+        SamplingParams.from_dict({"json_schema": "{x"}).verify()
+    with pytest.raises(InvalidParamError, match="mutually exclusive") as info:
+        SamplingParams.from_dict({"regex": "a", "ebnf": 'root ::= "a"'}).verify()
+    assert info.value.param == "ebnf"
+    assert key_of(SamplingParams.from_dict({"regex": "a+"})) == GrammarKey("regex", "a+")
+    assert key_of(SamplingParams.from_dict({})) is None
+
+
+def test_rollback_restores_the_matcher(backend, tokenizer):
+    grammar = backend.new_grammar(backend.compile(GrammarKey("regex", "abc|abd")))
+    ids = tokenizer.encode("abc")
+    for t in ids:
+        assert grammar.accept_token(t)
+    grammar.rollback(len(ids))
+    for t in tokenizer.encode("abd"):
+        assert grammar.accept_token(t)
+
+
+# --- the manager ---------------------------------------------------------------------------
+
+
+class CountingBackend(GrammarBackend):
+    """Wraps the real backend: counts compiles, can hold a compile until released."""
+
+    name = "counting"
+
+    def __init__(self, inner: XGrammarBackend) -> None:
+        self.inner, self.compiles, self.release = inner, 0, threading.Event()
+        self.release.set()
+
+    def compile(self, key):
+        self.compiles += 1
+        self.release.wait(10)
+        return self.inner.compile(key)
+
+    def new_grammar(self, compiled):
+        return self.inner.new_grammar(compiled)
+
+    def allocate_bitmask(self, rows):
+        return self.inner.allocate_bitmask(rows)
+
+    def apply_bitmask(self, logits, bitmask, rows):
+        self.inner.apply_bitmask(logits, bitmask, rows)
+
+
+def req(rid: str, **params) -> SimpleNamespace:
+    return SimpleNamespace(rid=rid, grammar=None, sampling_params=SamplingParams.from_dict(params))
+
+
+def drain(manager: GrammarManager, timeout_s: float = 10.0):
+    ready, failed = [], []
+    deadline = time.monotonic() + timeout_s
+    while len(manager) and time.monotonic() < deadline:
+        manager.wait(0.05)
+        got, bad = manager.pop_ready()
+        ready += got
+        failed += bad
+    return ready, failed
+
+
+def test_manager_compiles_once_per_constraint_and_reports_errors(backend):
+    counting = CountingBackend(backend)
+    manager = GrammarManager(counting, timeout_s=30)
+    reqs = [req(f"r{i}", regex="[a-c]{2}") for i in range(4)] + [req("bad", regex="(")]
+    for r in reqs:
+        manager.submit(r, key_of(r.sampling_params))
+    ready, failed = drain(manager)
+    assert sorted(r.rid for r in ready) == ["r0", "r1", "r2", "r3"]
+    assert all(r.grammar is not None for r in ready)
+    assert len({id(r.grammar) for r in ready}) == 4  # one matcher per request
+    assert [(r.rid, e.param) for r, e in failed] == [("bad", "regex")]
+    assert counting.compiles == 2  # the four equal constraints compiled once
+    manager.shutdown()
+
+
+def test_manager_times_out_and_aborts(backend):
+    counting = CountingBackend(backend)
+    counting.release.clear()  # the compile hangs
+    manager = GrammarManager(counting, timeout_s=0.2)
+    slow, gone = req("slow", regex="x+"), req("gone", regex="y+")
+    manager.submit(slow, key_of(slow.sampling_params))
+    manager.submit(gone, key_of(gone.sampling_params))
+    assert manager.remove("gone") is gone and manager.remove("gone") is None
+    ready, failed = drain(manager)
+    assert ready == [] and [r.rid for r, _ in failed] == ["slow"]
+    assert "took longer than 0.2 s" in str(failed[0][1]) and failed[0][1].param == "regex"
+    counting.release.set()
+    manager.shutdown()
+
+
+def test_mask_covers_constrained_rows_only_in_the_sampler(backend, tokenizer):
+    manager = GrammarManager(backend, timeout_s=30)
+    free, fixed = req("free"), req("fixed", regex="hello")
+    manager.submit(fixed, key_of(fixed.sampling_params))
+    drain(manager)
+    batch = [free, fixed, free]
+    assert manager.mask_for([free]) is None  # an unconstrained batch pays nothing
+    mask = manager.mask_for(batch)
+    assert mask.rows == [1]
+    logits = torch.randn(3, MODEL_VOCAB, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams.from_dict({"temperature": t}) for t in (0.0, 1.0, 0.0)]
+    info = SamplingBatchInfo.from_requests(params, [[], [], []], MODEL_VOCAB)
+    info.grammar_mask = mask
+    for seed in range(5):
+        torch.manual_seed(seed)
+        ids = Sampler()(logits, info).next_token_ids.tolist()
+        assert ids[0] == int(logits[0].argmax()) and ids[2] == int(logits[2].argmax())
+        assert "hello".startswith(tokenizer.decode([ids[1]]))  # the regex allows no other
+    manager.shutdown()
