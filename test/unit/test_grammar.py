@@ -84,11 +84,15 @@ def test_json_schema_output_validates(backend, tokenizer, seed):
 @pytest.mark.parametrize("seed", range(5))
 def test_regex_ebnf_and_any_json(backend, tokenizer, seed):
     regex = r"(cat|dog)s? [0-9]{1,3}"
-    assert re.fullmatch(regex, run_constrained(backend, tokenizer, GrammarKey("regex", regex), seed))
+    assert re.fullmatch(
+        regex, run_constrained(backend, tokenizer, GrammarKey("regex", regex), seed)
+    )
     ebnf = 'root ::= "yes" | "no" | "maybe " [0-9]'
     text = run_constrained(backend, tokenizer, GrammarKey("ebnf", ebnf), seed)
     assert re.fullmatch(r"yes|no|maybe [0-9]", text)
-    text = run_constrained(backend, tokenizer, GrammarKey("json_schema", ANY_JSON_OBJECT), seed, 2000)
+    text = run_constrained(
+        backend, tokenizer, GrammarKey("json_schema", ANY_JSON_OBJECT), seed, 2000
+    )
     assert isinstance(json.loads(text), dict)  # an object, not any JSON value
 
 
