@@ -41,6 +41,6 @@ def test_fallback_is_reported_and_constrained_requests_refused(engine):
         InvalidRequestError, match="xgrammar is unavailable.*without a tokenizer"
     ) as info:
         engine.generate(input_ids=IDS, sampling_params={"regex": "[ab]+", "max_new_tokens": 4})
-    assert info.value.param == "regex" and info.value.status_code == 400
+    assert info.value.param == "sampling_params.regex" and info.value.status_code == 400
     out = engine.generate(input_ids=IDS, sampling_params={"max_new_tokens": 3, "ignore_eos": True})
     assert len(out["output_ids"]) == 3

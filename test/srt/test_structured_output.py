@@ -197,9 +197,9 @@ def test_mixed_batch_leaves_unconstrained_outputs_unchanged(server):
 @pytest.mark.parametrize(
     "params, param",
     [
-        ({"regex": "a("}, "regex"),
-        ({"ebnf": "root ::= undefined_rule"}, "ebnf"),
-        ({"json_schema": '{"type": "bogus"}'}, "json_schema"),
+        ({"regex": "a("}, "sampling_params.regex"),
+        ({"ebnf": "root ::= undefined_rule"}, "sampling_params.ebnf"),
+        ({"json_schema": '{"type": "bogus"}'}, "sampling_params.json_schema"),
         ({"json_schema": "{not json"}, "sampling_params.json_schema"),
         ({"regex": "a", "ebnf": 'root ::= "a"'}, "sampling_params.ebnf"),
     ],
@@ -218,7 +218,10 @@ def test_invalid_schema_through_response_format(client):
         client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], response_format=bad
         )
-    assert "bogus" in str(info.value)
+    assert "bogus" in str(info.value) and info.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt="hi", extra_body={"regex": "(a"})
+    assert info.value.body["param"] == "regex"
 
 
 def test_pool_intact_and_grammar_backend_reported(server):

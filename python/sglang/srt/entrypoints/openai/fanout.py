@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,8 +48,9 @@ class ChoiceEvent:
         return self.output is not None and self.output["meta_info"].get("finish_reason") is not None
 
 
-def to_api_error(exc: BaseException) -> APIError:
-    """Map what `generate_request` raises to a client-facing error."""
+def to_api_error(exc: BaseException, param_of: Callable[[str], str] | None = None) -> APIError:
+    """Map what `generate_request` raises to a client-facing error. `param_of` renames a
+    runtime error's native field path (`sampling_params.regex`) for the route."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ServerOverloadedError):
@@ -62,7 +63,8 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, ServerUnavailableError):
         return APIError(exc.message, exc.status_code)
     if isinstance(exc, InvalidRequestError):
-        return APIError(exc.message, exc.status_code, param=exc.param, code="invalid_value")
+        param = param_of(exc.param) if param_of is not None and exc.param else exc.param
+        return APIError(exc.message, exc.status_code, param=param, code="invalid_value")
     if isinstance(exc, RequestFailedError):
         return APIError(exc.message, exc.status_code, code="request_failed")
     if isinstance(exc, ValueError):
@@ -84,8 +86,10 @@ class ChoiceFanout:
         objs: list[GenerateReqInput],
         metrics: ServerMetrics | None = None,
         request: Request | None = None,
+        param_of: Callable[[str], str] | None = None,
     ) -> None:
         self._tm = tokenizer_manager
+        self._param_of = param_of
         self._objs = objs
         self._metrics = metrics
         self._request = request
@@ -161,7 +165,7 @@ class ChoiceFanout:
             raise ClientDisconnected()
         if event.error is not None:
             self.close()
-            raise to_api_error(event.error)
+            raise to_api_error(event.error, self._param_of)
 
     async def _pump(self, index: int, obj: GenerateReqInput) -> None:
         tracker = self._metrics.track() if self._metrics is not None else None

@@ -60,6 +60,14 @@ def _from_response_format(fmt: ResponseFormat) -> dict[str, str]:
     return {"structural_tag": json.dumps(extra)}
 
 
+def openai_param(request: SamplingFields, native_path: str) -> str:
+    """The request field a runtime error on native `sampling_params.<name>` is about."""
+    name = native_path.removeprefix("sampling_params.")
+    if name in ("json_schema", "structural_tag") and request.response_format is not None:
+        return "response_format"
+    return _OPENAI_NAMES.get(name, name)
+
+
 # OpenAI field names of the native sampling fields they map to (errors name the former).
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 

@@ -24,6 +24,7 @@ from sglang.srt.entrypoints.openai.protocol import SamplingFields, UsageInfo
 from sglang.srt.entrypoints.openai.sampling import (
     check_choice_params,
     for_choice,
+    openai_param,
     sampling_params,
 )
 from sglang.srt.entrypoints.openai.usage import usage_of
@@ -141,7 +142,13 @@ class OpenAIServingBase(ABC):
     async def handle(self, request: SamplingFields, raw_request: Request | None) -> Response:
         self.check_model(request.model)
         prepared = self.prepare(request)
-        fanout = ChoiceFanout(self.tokenizer_manager, prepared.objs, self.metrics, raw_request)
+        fanout = ChoiceFanout(
+            self.tokenizer_manager,
+            prepared.objs,
+            self.metrics,
+            raw_request,
+            param_of=lambda path: openai_param(request, path),
+        )
         try:
             if request.stream:
                 return await open_stream(fanout, self.stream_chunks(request, prepared, fanout))

@@ -65,7 +65,7 @@ class SchedulerGrammarMixin:
             message = (
                 f"constrained decoding ({key.kind}) is not available: {self.grammar_unavailable}"
             )
-            req.finished_reason = invalid_request_reason(message, key.kind)
+            req.finished_reason = invalid_request_reason(message, _param(key.kind))
             self.pending_outputs.append(req)
         else:
             self.grammar_manager.submit(req, key)
@@ -90,7 +90,7 @@ class SchedulerGrammarMixin:
                 logger.error("request %s: grammar compile failed: %r", req.rid, error)
                 req.finished_reason = internal_error_reason(error)
             else:
-                req.finished_reason = invalid_request_reason(str(error), param)
+                req.finished_reason = invalid_request_reason(str(error), _param(param))
             self.pending_outputs.append(req)
 
     def remove_grammar_waiting(self, rid: str) -> Req | None:
@@ -113,3 +113,8 @@ class SchedulerGrammarMixin:
             )
         if req.grammar.is_terminated() and not req.finished:
             req.finished_reason = finish_stop(token)
+
+
+def _param(kind: str) -> str:
+    """The constraint's field path in the native request (routes rename it)."""
+    return f"sampling_params.{kind}"

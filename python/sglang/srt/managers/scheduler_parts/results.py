@@ -87,7 +87,7 @@ class SchedulerResultsMixin:
             if not req.finished:
                 self.check_finished(req)
         except InvalidGrammarError as exc:
-            req.finished_reason = invalid_request_reason(str(exc), exc.param)
+            req.finished_reason = invalid_request_reason(str(exc), f"sampling_params.{exc.param}")
         except Exception as exc:  # this request's bookkeeping failed: it ends, not the loop
             if is_fatal(exc):
                 raise
