@@ -1,0 +1,112 @@
+"""Constrained tool calls: `tool_choice` "required" or a named function.
+
+For these the server constrains the model's output with `tool_call_schema`, a
+JSON array (at least one item) of `{"name": ..., "parameters": {...}}`, each
+name paired with its own parameters schema through `anyOf`; the output is then
+read back with `parse_constrained_calls`. "auto" and "none" need no schema.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sglang.srt.parser.function_call.core_types import ToolCallItem
+from sglang.srt.parser.function_call.text_utils import dump_arguments
+
+ToolChoice = str | dict | None
+_PLAIN_CHOICES = ("none", "auto", "required")
+
+
+def check_tool_choice(tools: list[dict] | None, tool_choice: ToolChoice) -> None:
+    """ValueError naming the problem when `tool_choice` cannot apply to `tools`."""
+    if tool_choice is None or tool_choice in ("none", "auto"):
+        return
+    if tool_choice == "required":
+        if not _functions(tools):
+            raise ValueError('tool_choice "required" needs at least one tool in "tools"')
+        return
+    name = _named_function(tool_choice)
+    if name not in {f["name"] for f in _functions(tools)}:
+        raise ValueError(f'tool_choice names function {name!r}, which is not in "tools"')
+
+
+def tool_call_schema(tools: list[dict] | None, tool_choice: ToolChoice) -> dict | None:
+    """The JSON schema the output must follow, or None when nothing is constrained."""
+    check_tool_choice(tools, tool_choice)
+    if tool_choice is None or tool_choice in ("none", "auto"):
+        return None
+    functions = _functions(tools)
+    if tool_choice != "required":
+        name = _named_function(tool_choice)
+        functions = [f for f in functions if f["name"] == name]
+    return {
+        "type": "array",
+        "minItems": 1,
+        "items": {"anyOf": [_call_schema(f) for f in functions]},
+    }
+
+
+def parse_constrained_calls(text: str) -> list[ToolCallItem]:
+    """Calls from output written under `tool_call_schema`; [] when it is not such output
+    (e.g. cut short by max_tokens), in which case the text stays content."""
+    try:
+        calls = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(calls, list):
+        return []
+    items = []
+    for call in calls:
+        item = _constrained_item(call, len(items))
+        if item is None:
+            return []
+        items.append(item)
+    return items
+
+
+def _constrained_item(call: Any, tool_index: int) -> ToolCallItem | None:
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    args = call.get("parameters", call.get("arguments", {}))
+    if not isinstance(args, dict):
+        return None
+    try:
+        return ToolCallItem(tool_index, call["name"], dump_arguments(args))
+    except ValueError:
+        return None
+
+
+def _call_schema(function: dict) -> dict:
+    parameters = function.get("parameters") or {"type": "object"}
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "enum": [function["name"]]},
+            "parameters": parameters,
+        },
+        "required": ["name", "parameters"],
+    }
+
+
+def _functions(tools: list[dict] | None) -> list[dict]:
+    functions = []
+    for tool in tools or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            functions.append(function)
+    return functions
+
+
+def _named_function(tool_choice: Any) -> str:
+    if isinstance(tool_choice, str):
+        choices = ", ".join(repr(c) for c in _PLAIN_CHOICES)
+        raise ValueError(f"tool_choice {tool_choice!r} is not one of {choices} or a function")
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ValueError(
+            'tool_choice must be "none", "auto", "required" or '
+            '{"type": "function", "function": {"name": ...}}'
+        )
+    return name
