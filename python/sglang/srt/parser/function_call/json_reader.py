@@ -216,7 +216,7 @@ class JsonObjectReader:
         cut = len(pending)
         if self._escape_left:
             cut = self._escape_start
-        elif not final and _ends_with_high_surrogate(pending):
+        if not final and _ends_with_high_surrogate(pending[:cut]):
             cut -= 6  # its low half may be the next escape; decode the pair together
         if cut <= 0:
             return
