@@ -66,6 +66,7 @@ class ReasoningParser:
         self._force = self._format.force if force_reasoning is None else force_reasoning
         self._stream_reasoning = stream_reasoning
         self._state = _SplitState(self._format, self._force)
+        self._unsent_reasoning = ""  # held while stream_reasoning is off
 
     def parse_non_stream(self, text: str) -> tuple[str | None, str]:
         """(reasoning_content or None when there is none, content)."""
@@ -87,10 +88,10 @@ class ReasoningParser:
     def _release(self, reasoning: str, final: bool = False) -> str:
         if self._stream_reasoning:
             return reasoning
-        self._state.unsent_reasoning += reasoning
+        self._unsent_reasoning += reasoning
         if not (final or self._state.phase == "content"):
             return ""
-        whole, self._state.unsent_reasoning = self._state.unsent_reasoning, ""
+        whole, self._unsent_reasoning = self._unsent_reasoning, ""
         return whole
 
 
@@ -103,7 +104,6 @@ class _SplitState:
         self.phase = "start"
         self._buf = ""  # held back: a possible tag, or reasoning's trailing whitespace
         self._strip_leading = False  # drop whitespace until text that is not
-        self.unsent_reasoning = ""
 
     def feed(self, text: str) -> tuple[str, str]:
         self._buf += text
