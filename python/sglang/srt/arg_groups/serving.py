@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglang.srt.arg_groups.arg_utils import arg
+from sglang.srt.parser.function_call.parser import TOOL_CALL_PARSER_NAMES
+from sglang.srt.parser.reasoning_parser import REASONING_PARSER_NAMES
 
 
 @dataclass(kw_only=True)
@@ -19,9 +21,15 @@ class ServingArgs:
     )
     chat_template: str | None = arg(None, "Chat template name or file. Default: the tokenizer's.")
     reasoning_parser: str | None = arg(
-        None, "Reasoning-content parser name.", unsupported="reasoning parsers"
+        None,
+        "Split the <think> part of chat output into reasoning_content. "
+        "Default: detected from the chat template.",
+        choices=REASONING_PARSER_NAMES,
     )
     tool_call_parser: str | None = arg(
-        None, "Tool-call parser name.", unsupported="tool-call parsers"
+        None,
+        "Parse the model's tool calls (tool_choice auto) into message.tool_calls. "
+        "Default: detected from the chat template.",
+        choices=TOOL_CALL_PARSER_NAMES,
     )
     skip_server_warmup: bool = arg(False, "Skip the warmup request after start.")

@@ -167,11 +167,15 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
     from sglang.srt.environ import envs
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
     from sglang.srt.managers.scheduler import run_scheduler_process
+    from sglang.srt.parser.chat_template import resolve_auto_parsers
     from sglang.srt.server_args import resolution_result
 
     # Unsupported topologies (dp_size, pp_size, nnodes > 1) are refused when the
     # ServerArgs is built or resolved (arg_groups: unsupported=...), not here.
     server_args.resolve_once()
+    # Parsers detected from the chat template: decided before the children fork, so
+    # they inherit them; the caller's ServerArgs stays as it was.
+    server_args = resolve_auto_parsers(server_args)
     tp_size = int(resolution_result(server_args, "tp_size"))
     port_args = PortArgs.init_new(resolution_result(server_args, "dist_init_addr"))
     children = ChildProcesses(port_args)
@@ -196,12 +200,23 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
         infos = [_wait_ready(role, proc, reader, ready_timeout_s) for role, proc, reader in readers]
         tokenizer_manager = TokenizerManager(server_args, port_args, ready_info=infos[0])
         tokenizer_manager.forward_clock = forward_clock
+        _record_detected_parsers(tokenizer_manager, server_args)
     except BaseException:
         children.shutdown()
         raise
     children.on_death.append(tokenizer_manager.on_child_death)
     children.start_watchdog()
     return tokenizer_manager, children
+
+
+def _record_detected_parsers(tokenizer_manager: TokenizerManager, launch_args: Any) -> None:
+    """Detection is this engine's control-plane state: the readback (/server_info,
+    get_server_info) and the chat route read it from the TokenizerManager."""
+    from sglang.srt.parser.chat_template import DETECT_SOURCE, detected_parsers
+
+    detected = detected_parsers(launch_args)
+    if detected:
+        tokenizer_manager.record_config_updates(DETECT_SOURCE, **detected)
 
 
 # ----------------------------------------------------------------------------

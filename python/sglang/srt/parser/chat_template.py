@@ -1,15 +1,32 @@
-"""Chat templates: load an override (`--chat-template FILE`) and render messages.
+"""Chat templates: load an override (`--chat-template FILE`), render messages, and
+detect the model's tool-call and reasoning parsers from its template.
 
 The tokenizer's own template is the default. Rendering goes through the
 tokenizer's `apply_chat_template` with `tokenize=False`; the caller tokenizes the
 rendered text with `add_special_tokens=False`, since the template already writes
 any special tokens the model expects.
+
+Detection (`resolve_auto_parsers`) is a launcher-stage decision: it runs after
+resolution and before the schedulers fork, and returns the config to launch with
+(a derived variant; the caller's ServerArgs is never written). The launcher hands
+`detected_parsers(...)` of that config to its TokenizerManager, which records it as
+per-engine state: several Engines in one process each keep their own.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+DETECT_SOURCE = "chat_template_detect"
+PARSER_FIELDS = ("tool_call_parser", "reasoning_parser")
 
 
 class ChatTemplateError(ValueError):
@@ -44,14 +61,30 @@ def message_text(content: Any) -> str:
 
 
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Plain `{"role", "content", ...}` dicts; "developer" is a system message."""
+    """Plain `{"role", "content", ...}` dicts; "developer" is a system message; an
+    assistant's earlier tool calls carry their arguments as a dict, as templates expect."""
     out = []
     for message in messages:
         item = {k: v for k, v in message.items() if v is not None}
         item["role"] = "system" if message["role"] == "developer" else message["role"]
         item["content"] = message_text(message.get("content"))
+        if item.get("tool_calls"):
+            item["tool_calls"] = [_call_for_template(call) for call in item["tool_calls"]]
         out.append(item)
     return out
+
+
+def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:
+    """Arguments that are a JSON object's text become the object (kept as text otherwise,
+    as SGLang does)."""
+    function = dict(call.get("function") or {})
+    try:
+        arguments = json.loads(function.get("arguments") or "")
+    except (json.JSONDecodeError, TypeError):
+        return call
+    if isinstance(arguments, dict):
+        function["arguments"] = arguments
+    return {**call, "function": function}
 
 
 def render_chat(
@@ -77,3 +110,78 @@ def render_chat(
         continue_final_message=continue_final_message,
         **kwargs,
     )
+
+
+# --- parser detection (launcher stage) ------------------------------------------------------
+
+
+def model_chat_template(server_args: ServerArgs) -> str | None:
+    """The template the chat route will render with: `--chat-template`, else the tokenizer's."""
+    from sglang.srt.server_args import resolution_result
+
+    override = load_chat_template(resolution_result(server_args, "chat_template"))
+    if override is not None:
+        return override
+    if resolution_result(server_args, "skip_tokenizer_init"):
+        return None
+    path = resolution_result(server_args, "tokenizer_path") or resolution_result(
+        server_args, "model_path"
+    )
+    if Path(path).is_dir():
+        return _local_chat_template(Path(path))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        path,
+        trust_remote_code=resolution_result(server_args, "trust_remote_code"),
+        revision=resolution_result(server_args, "revision"),
+    )
+    return _default_template(getattr(tokenizer, "chat_template", None))
+
+
+def _local_chat_template(directory: Path) -> str | None:
+    """As transformers loads it: chat_template.jinja wins over tokenizer_config.json."""
+    jinja = directory / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = directory / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    return _default_template(json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
+
+
+def _default_template(value: Any) -> str | None:
+    """A template string, or the "default" one of a list of named templates / a dict."""
+    if isinstance(value, list):
+        value = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+    if isinstance(value, dict):
+        value = value.get("default")
+    return value if isinstance(value, str) else None
+
+
+def resolve_auto_parsers(server_args: ServerArgs) -> ServerArgs:
+    """The config to launch with: `server_args` (resolved), or a variant declaring the
+    parsers detected from the chat template for the flags the operator left unset."""
+    from sglang.srt.parser.detection import detect_parsers
+    from sglang.srt.server_args import resolution_result
+
+    unset = [name for name in PARSER_FIELDS if resolution_result(server_args, name) is None]
+    if not unset:
+        return server_args
+    detected = dict(zip(PARSER_FIELDS, detect_parsers(model_chat_template(server_args))))
+    found = {name: detected[name] for name in unset if detected[name] is not None}
+    if not found:
+        return server_args
+    logger.info("parsers detected from the chat template: %s", found)
+    return server_args.derive(DETECT_SOURCE, **found)
+
+
+def detected_parsers(server_args: ServerArgs) -> dict[str, str]:
+    """The parser fields `resolve_auto_parsers` declared on `server_args`."""
+    from sglang.srt.server_args import resolution_result, resolution_sources
+
+    return {
+        name: resolution_result(server_args, name)
+        for name in PARSER_FIELDS
+        if DETECT_SOURCE in resolution_sources(server_args, name)
+    }

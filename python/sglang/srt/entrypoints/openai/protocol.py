@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from sglang.srt.sampling.param_types import (
     MAX_OPENAI_TOP_LOGPROBS,
@@ -186,11 +186,88 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+# --- tools ---------------------------------------------------------------------------------
+
+
+class FunctionDefinition(BaseModel):
+    """A tool's function; `parameters` is a JSON schema (OpenAI's `strict` passes through)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: strict(str, min_length=1)
+    description: strict(str) | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: strict(str, min_length=1)
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+# "auto": parse what the model wrote; "required" / a named function: grammar-enforced calls.
+ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+
+
+class OmitsUnset(BaseModel):
+    """Leaves out the fields named in `_omit_none` while they are None (OpenAI sends no
+    `tool_calls` key on a message without calls, no `id` on an argument fragment)."""
+
+    _omit_none: tuple[str, ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        return {k: v for k, v in data.items() if not (v is None and k in self._omit_none)}
+
+
+class FunctionCall(OmitsUnset):
+    _omit_none = ("name",)
+
+    name: str | None = None
+    arguments: str | None = None  # a JSON object as text (in a stream: a fragment of it)
+
+
+class ToolCall(OmitsUnset):
+    """A call in a response message, or a piece of one in a stream delta (by `index`)."""
+
+    _omit_none = ("id", "type")
+
+    id: str | None = None
+    index: int | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCall
+
+
+class HistoryFunctionCall(BaseModel):
+    name: strict(str)
+    arguments: strict(str)
+
+
+class HistoryToolCall(BaseModel):
+    """An assistant message's earlier call, as the client sends it back."""
+
+    model_config = ConfigDict(extra="allow")
+    id: strict(str) | None = None
+    type: Literal["function"] = "function"
+    function: HistoryFunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
+    tool_calls: list[HistoryToolCall] | None = None  # assistant
+    tool_call_id: strict(str) | None = None  # tool
+    reasoning_content: strict(str) | None = None  # assistant
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -199,15 +276,34 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: strict(int, ge=1) | None = None
     logprobs: Flag = False
     top_logprobs: strict(int, ge=0, le=MAX_OPENAI_TOP_LOGPROBS) | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Union[str, dict[str, Any], None] = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None  # default: "auto" with tools, else "none"
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: Flag = False
+    # SGLang extras: with a reasoning parser, split the <think> part into
+    # `reasoning_content` (and stream it as it comes, unless stream_reasoning is off).
+    separate_reasoning: Flag = True
+    stream_reasoning: Flag = True
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _named_choice_shape(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            function = value.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if value.get("type", "function") != "function" or not isinstance(name, str):
+                raise ValueError(
+                    'a named tool_choice is {"type": "function", "function": {"name": "<tool>"}}'
+                )
+        return value
 
 
-class ChatMessageOut(BaseModel):
+class ChatMessageOut(OmitsUnset):
+    _omit_none = ("reasoning_content", "tool_calls")
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatCompletionChoice(BaseModel):
@@ -227,9 +323,12 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
-class DeltaMessage(BaseModel):
+class DeltaMessage(OmitsUnset):
+    _omit_none = ("reasoning_content", "tool_calls")
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatCompletionStreamChoice(BaseModel):

@@ -1,10 +1,27 @@
-"""/v1/chat/completions: render the chat template, generate, shape the answer."""
+"""/v1/chat/completions: render the chat template, generate, shape the answer.
+
+Tools and reasoning: the parsers in effect are the TokenizerManager's (a flag, or
+detected from the chat template at launch); `chat_outputs` reads each choice's
+text into reasoning_content, content and tool_calls. `tool_choice` "required" or a
+named function puts the calls' JSON schema into the sampling params
+(`json_schema`), so the grammar backend enforces well-formed calls.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sglang.srt.entrypoints.openai.chat_outputs import (
+    ChatOutputPlan,
+    ChoiceOutputStream,
+    call_schema,
+    check_tools,
+    plan_output,
+    template_tools,
+)
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.logprobs import chat_logprobs, output_slices
 from sglang.srt.entrypoints.openai.protocol import (
@@ -14,7 +31,6 @@ from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
     ChatLogProbs,
-    ChatMessageOut,
     DeltaMessage,
 )
 from sglang.srt.entrypoints.openai.serving_base import (
@@ -32,6 +48,12 @@ if TYPE_CHECKING:
     from sglang.srt.observability.metrics import ServerMetrics
 
 
+@dataclass
+class ChatPrepared(Prepared):
+    plan: ChatOutputPlan = field(default_factory=ChatOutputPlan)
+    streams: list[ChoiceOutputStream] = field(default_factory=list)  # per choice
+
+
 class OpenAIServingChat(OpenAIServingBase):
     response_cls = ChatCompletionResponse
     chunk_cls = ChatCompletionStreamResponse
@@ -45,14 +67,29 @@ class OpenAIServingChat(OpenAIServingBase):
         super().__init__(tokenizer_manager, metrics)
         self.chat_template = chat_template
 
-    def prepare(self, request: ChatCompletionRequest) -> Prepared:
+    def prepare(self, request: ChatCompletionRequest) -> ChatPrepared:
+        check_tools(request)
         input_ids = self._prompt_ids(request)
         max_new_tokens = self._max_new_tokens(request, len(input_ids))
         params = self._choice_params(request, max_new_tokens)
+        schema = call_schema(request)
+        if schema is not None:
+            params = {**params, "json_schema": json.dumps(schema)}
         request_id = new_request_id("chatcmpl")
         choices = plan_choices(request_id, request.rid, params, 1, request.n)
         objs = [self._generate_input(request, input_ids, p, rid) for _, p, rid in choices]
-        return Prepared(request_id=request_id, objs=objs, n=request.n)
+        plan = self._output_plan(request)
+        streams = [ChoiceOutputStream(plan) for _ in objs] if request.stream else []
+        return ChatPrepared(
+            request_id=request_id, objs=objs, n=request.n, plan=plan, streams=streams
+        )
+
+    def _output_plan(self, request: ChatCompletionRequest) -> ChatOutputPlan:
+        """Read per request: the parsers in effect are this engine's, not the process's."""
+        tm = self.tokenizer_manager
+        return plan_output(
+            request, tm.config_value("tool_call_parser"), tm.config_value("reasoning_parser")
+        )
 
     def _prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
@@ -62,7 +99,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 messages,
                 self.chat_template,
                 continue_final_message=request.continue_final_message,
-                tools=request.tools,
+                tools=template_tools(request),
                 extra_kwargs=request.chat_template_kwargs,
             )
         except ChatTemplateError as exc:
@@ -100,13 +137,16 @@ class OpenAIServingChat(OpenAIServingBase):
         )
 
     def _choice(
-        self, request: ChatCompletionRequest, prepared: Prepared, index: int, output: dict[str, Any]
+        self, request: ChatCompletionRequest, prepared: ChatPrepared, index: int, output: dict
     ) -> ChatCompletionChoice:
         meta = output["meta_info"]
         finish_reason, matched = finish_reason_of(meta)
+        message = prepared.plan.parse_final(output["text"])
+        if message.tool_calls and finish_reason == "stop":
+            finish_reason, matched = "tool_calls", None
         return ChatCompletionChoice(
             index=index,
-            message=ChatMessageOut(content=output["text"]),
+            message=message,
             logprobs=self._logprobs(request, meta, 0),
             finish_reason=finish_reason,
             matched_stop=matched,
@@ -123,7 +163,7 @@ class OpenAIServingChat(OpenAIServingBase):
     def _delta_chunks(
         self,
         request: ChatCompletionRequest,
-        prepared: Prepared,
+        prepared: ChatPrepared,
         index: int,
         state: ChoiceStream,
         output: dict[str, Any],
@@ -132,12 +172,19 @@ class OpenAIServingChat(OpenAIServingBase):
             state.started = True
             yield self._chunk(prepared, request, index, DeltaMessage(role="assistant", content=""))
         meta = output["meta_info"]
-        delta = state.take_text(output["text"])
-        logprobs = self._logprobs(request, meta, state.take_logprob_start(meta))
-        if delta or (logprobs is not None and logprobs.content):
-            yield self._chunk(prepared, request, index, DeltaMessage(content=delta), logprobs)
+        stream = prepared.streams[index]
+        deltas = stream.feed(state.take_text(output["text"]))
         finish_reason, matched = finish_reason_of(meta)
         if finish_reason is not None:
+            deltas += stream.finish()
+        logprobs = self._logprobs(request, meta, state.take_logprob_start(meta))
+        if logprobs is not None and logprobs.content and not deltas:
+            deltas = [DeltaMessage(content="")]
+        for i, delta in enumerate(deltas):
+            yield self._chunk(prepared, request, index, delta, logprobs if i == 0 else None)
+        if finish_reason is not None:
+            if stream.made_calls and finish_reason == "stop":
+                finish_reason, matched = "tool_calls", None
             chunk = self._chunk(prepared, request, index, DeltaMessage())
             chunk.choices[0].finish_reason = finish_reason
             chunk.choices[0].matched_stop = matched

@@ -1,0 +1,588 @@
+"""Tool calling and reasoning content on /v1/chat/completions (fake TokenizerManager),
+the constrained-call stream reader, chat-template rendering of tool history, and
+parser detection at the launcher stage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import pytest
+from fastapi.testclient import TestClient
+from openai_fake_tm import FakeTokenizer, FakeTokenizerManager
+
+from sglang.srt.entrypoints.engine import _record_detected_parsers
+from sglang.srt.entrypoints.http_server import ServerStatus, create_app
+from sglang.srt.entrypoints.openai.tool_call_stream import ConstrainedCallStream
+from sglang.srt.parser.chat_template import (
+    detected_parsers,
+    render_chat,
+    resolve_auto_parsers,
+)
+from sglang.srt.parser.function_call import parse_constrained_calls, tool_call_schema
+from sglang.srt.runtime_context import get_context
+from sglang.srt.server_args import ServerArgs, prepare_server_args, resolution_result
+
+MODEL = "fake-model"
+EOS = {"type": "stop", "matched": 2}  # the model wrote its EOS token
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string"}},
+            "required": ["tz"],
+        },
+    },
+}
+TOOLS = [WEATHER, TIME]
+
+
+# --- a fake runtime that writes a script ------------------------------------------------------
+
+
+class RecordingTokenizer(FakeTokenizer):
+    """Renders like the fake, and remembers what the template was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.calls.append({"messages": messages, **kwargs})
+        return super().apply_chat_template(messages, **kwargs)
+
+
+@dataclass
+class ScriptedTokenizerManager(FakeTokenizerManager):
+    """The model writes `script` one character per step, then its EOS token."""
+
+    script: str = ""
+
+    async def _decode(self, obj, input_ids, params):
+        max_new = params.get("max_new_tokens", 128)
+        text, ids = "", []
+        for char in self.script[:max_new]:
+            await asyncio.sleep(0)
+            text += char
+            ids.append(ord(char) % 256)
+            if len(ids) < min(len(self.script), max_new):
+                yield self._output(obj, input_ids, text, ids, None)
+        reason = EOS if len(self.script) <= max_new else {"type": "length", "matched": None}
+        yield self._output(obj, input_ids, text, ids, reason)
+
+
+def make_tm(script: str = "", **config) -> ScriptedTokenizerManager:
+    tm = ScriptedTokenizerManager(script=script, tokenizer=RecordingTokenizer())
+    tm.config.update(config)
+    return tm
+
+
+@pytest.fixture
+def serve():
+    clients = []
+
+    def build(tm: ScriptedTokenizerManager) -> TestClient:
+        with get_context().override_server_args():
+            app = create_app(tm)
+        app.state.server.status = ServerStatus.READY
+        client = TestClient(app)
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+def chat(client: TestClient, **extra):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+    return client.post("/v1/chat/completions", json=body)
+
+
+def stream_events(client: TestClient, **extra) -> list[dict]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json={**body, **extra}) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[len("data: ") :]) for line in lines[:-1]]
+
+
+def deltas(events: list[dict]) -> list[dict]:
+    return [e["choices"][0]["delta"] for e in events if e["choices"]]
+
+
+def joined(events: list[dict], key: str) -> str:
+    return "".join(d.get(key) or "" for d in deltas(events))
+
+
+def streamed_calls(events: list[dict]) -> list[dict]:
+    """Rebuild the calls from OpenAI tool_calls deltas (as the openai client does)."""
+    calls: dict[int, dict] = {}
+    for delta in deltas(events):
+        for piece in delta.get("tool_calls") or []:
+            index = piece["index"]
+            if index not in calls:
+                assert piece["id"].startswith("call_") and piece["type"] == "function"
+                assert piece["function"]["name"], "a call's first delta names the function"
+                calls[index] = {"id": piece["id"], "name": piece["function"]["name"],
+                                "arguments": piece["function"].get("arguments") or ""}  # fmt: skip
+            else:
+                assert "name" not in piece["function"] and "id" not in piece
+                calls[index]["arguments"] += piece["function"]["arguments"]
+    return [calls[i] for i in sorted(calls)]
+
+
+def finish_of(events: list[dict]) -> str:
+    return [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1]
+
+
+def check_arguments(tool: dict, arguments: str) -> dict:
+    """The arguments parse to an object that the tool's parameter schema accepts
+    (the subset of JSON schema these tools use)."""
+    schema = tool["function"]["parameters"]
+    args = json.loads(arguments)
+    assert isinstance(args, dict)
+    assert set(schema.get("required", [])) <= set(args)
+    if schema.get("additionalProperties") is False:
+        assert set(args) <= set(schema["properties"])
+    for key, value in args.items():
+        spec = schema["properties"].get(key, {})
+        if spec.get("type") == "string":
+            assert isinstance(value, str)
+        if "enum" in spec:
+            assert value in spec["enum"]
+    return args
+
+
+def tool_named(name: str) -> dict:
+    return next(t for t in TOOLS if t["function"]["name"] == name)
+
+
+# --- auto: the tool-call parser reads what the model wrote ----------------------------------
+
+QWEN_CALL = (
+    'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+    "</tool_call>"
+)
+
+
+def test_auto_non_stream_parses_the_call(serve):
+    client = serve(make_tm(QWEN_CALL, tool_call_parser="qwen25"))
+    choice = chat(client, tools=TOOLS).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["matched_stop"] is None
+    message = choice["message"]
+    assert message["content"].strip() == "Let me check."
+    (call,) = message["tool_calls"]
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert call["function"]["name"] == "get_weather"
+    assert check_arguments(WEATHER, call["function"]["arguments"]) == {"city": "Paris"}
+
+
+def test_auto_stream_sends_content_then_name_then_arguments(serve):
+    client = serve(make_tm(QWEN_CALL, tool_call_parser="qwen25"))
+    events = stream_events(client, tools=TOOLS)
+    assert joined(events, "content").strip() == "Let me check."
+    (call,) = streamed_calls(events)
+    assert call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == {"city": "Paris"}
+    assert finish_of(events) == "tool_calls"
+    assert "<tool_call>" not in joined(events, "content")
+
+
+def test_auto_without_a_call_is_plain_content(serve):
+    client = serve(make_tm("Just text.", tool_call_parser="qwen25"))
+    choice = chat(client, tools=TOOLS).json()["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "Just text."}
+    assert choice["finish_reason"] == "stop"
+
+
+def test_auto_without_a_parser_leaves_the_text_alone(serve):
+    client = serve(make_tm(QWEN_CALL))
+    message = chat(client, tools=TOOLS).json()["choices"][0]["message"]
+    assert message["content"] == QWEN_CALL and "tool_calls" not in message
+
+
+def test_tool_choice_none_neither_shows_tools_nor_parses(serve):
+    tm = make_tm(QWEN_CALL, tool_call_parser="qwen25")
+    client = serve(tm)
+    message = chat(client, tools=TOOLS, tool_choice="none").json()["choices"][0]["message"]
+    assert message["content"] == QWEN_CALL and "tool_calls" not in message
+    assert tm.tokenizer.calls[-1].get("tools") is None
+
+
+def test_tools_reach_the_template(serve):
+    tm = make_tm("ok", tool_call_parser="qwen25")
+    client = serve(tm)
+    chat(client, tools=TOOLS)
+    assert [t["function"]["name"] for t in tm.tokenizer.calls[-1]["tools"]] == [
+        "get_weather",
+        "get_time",
+    ]
+
+
+# --- required / named: the grammar's JSON array ---------------------------------------------
+
+REQUIRED_OUT = (
+    '[{"name": "get_time", "parameters": {"tz": "UTC"}}, '
+    '{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}}]'
+)
+
+
+def test_required_puts_the_call_schema_into_the_sampling_params(serve):
+    tm = make_tm(REQUIRED_OUT)
+    client = serve(tm)
+    assert chat(client, tools=TOOLS, tool_choice="required").status_code == 200
+    params = tm.requests[-1].sampling_params
+    assert json.loads(params["json_schema"]) == tool_call_schema(TOOLS, "required")
+
+
+def test_required_non_stream_returns_valid_calls(serve):
+    client = serve(make_tm(REQUIRED_OUT))
+    choice = chat(client, tools=TOOLS, tool_choice="required").json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    calls = choice["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["get_time", "get_weather"]
+    assert [c["index"] for c in calls] == [0, 1]
+    assert len({c["id"] for c in calls}) == 2
+    for call in calls:
+        check_arguments(tool_named(call["function"]["name"]), call["function"]["arguments"])
+
+
+def test_required_stream_returns_the_same_calls(serve):
+    client = serve(make_tm(REQUIRED_OUT))
+    events = stream_events(client, tools=TOOLS, tool_choice="required")
+    calls = streamed_calls(events)
+    assert [c["name"] for c in calls] == ["get_time", "get_weather"]
+    assert [json.loads(c["arguments"]) for c in calls] == [
+        {"tz": "UTC"},
+        {"city": "Oslo", "unit": "celsius"},
+    ]
+    for call in calls:
+        check_arguments(tool_named(call["name"]), call["arguments"])
+    assert joined(events, "content") == "" and finish_of(events) == "tool_calls"
+
+
+def test_named_choice_schema_and_template_carry_that_function_only(serve):
+    tm = make_tm('[{"name": "get_weather", "parameters": {"city": "Rome"}}]')
+    client = serve(tm)
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    body = chat(client, tools=TOOLS, tool_choice=choice).json()
+    (call,) = body["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    schema = json.loads(tm.requests[-1].sampling_params["json_schema"])
+    assert schema == tool_call_schema(TOOLS, choice)
+    assert [t["function"]["name"] for t in tm.tokenizer.calls[-1]["tools"]] == ["get_weather"]
+
+
+def test_required_cut_short_is_text_with_finish_length(serve):
+    client = serve(make_tm(REQUIRED_OUT))
+    choice = chat(client, tools=TOOLS, tool_choice="required", max_tokens=20).json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["content"] == REQUIRED_OUT[:20]
+    assert "tool_calls" not in choice["message"]
+
+
+# --- bad tools / tool_choice: 400 naming the field, and the server keeps serving --------------
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"tools": [{"type": "function"}]}, "tools.0.function"),
+        ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools.0.function.name"),
+        ({"tools": "get_weather"}, "tools"),
+        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+         "tool_choice"),
+    ],
+)  # fmt: skip
+def test_bad_tools_are_400_naming_the_field(serve, extra, param):
+    client = serve(make_tm("fine", tool_call_parser="qwen25"))
+    response = chat(client, **extra)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert chat(client).json()["choices"][0]["message"]["content"] == "fine"
+
+
+# --- reasoning ---------------------------------------------------------------------------------
+
+
+def test_reasoning_split_non_stream_and_stream(serve):
+    client = serve(make_tm("<think>Two and two.</think>Four.", reasoning_parser="qwen3"))
+    message = chat(client).json()["choices"][0]["message"]
+    assert message["reasoning_content"].strip() == "Two and two."
+    assert message["content"].strip() == "Four."
+    events = stream_events(client)
+    assert joined(events, "reasoning_content").strip() == "Two and two."
+    assert joined(events, "content").strip() == "Four."
+    assert all("<think>" not in (d.get("content") or "") for d in deltas(events))
+
+
+def test_reasoning_streams_before_the_end_tag(serve):
+    client = serve(make_tm("<think>" + "a" * 40 + "</think>done", reasoning_parser="qwen3"))
+    events = stream_events(client)
+    pieces = [d["reasoning_content"] for d in deltas(events) if d.get("reasoning_content")]
+    assert len(pieces) > 1  # sent as it came, not in one piece at the end
+    one_piece = stream_events(client, stream_reasoning=False)
+    pieces = [d["reasoning_content"] for d in deltas(one_piece) if d.get("reasoning_content")]
+    assert len(pieces) == 1 and pieces[0].strip() == "a" * 40
+
+
+def test_separate_reasoning_false_keeps_the_text_whole(serve):
+    script = "<think>hm</think>ok"
+    client = serve(make_tm(script, reasoning_parser="qwen3"))
+    message = chat(client, separate_reasoning=False).json()["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": script}
+
+
+def test_qwen3_thinks_by_default_unless_enable_thinking_is_false(serve):
+    client = serve(make_tm("no tags here", reasoning_parser="qwen3"))
+    message = chat(client).json()["choices"][0]["message"]
+    assert message["reasoning_content"] == "no tags here" and not message["content"]
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    message = chat(client, **off).json()["choices"][0]["message"]
+    assert message["content"] == "no tags here" and "reasoning_content" not in message
+
+
+def test_chat_template_kwargs_reach_the_template(serve):
+    tm = make_tm("x", reasoning_parser="qwen3")
+    client = serve(tm)
+    chat(client, chat_template_kwargs={"enable_thinking": False})
+    assert tm.tokenizer.calls[-1]["enable_thinking"] is False
+
+
+def test_reasoning_then_tool_call(serve):
+    script = "<think>Need the weather.</think>" + QWEN_CALL
+    client = serve(make_tm(script, reasoning_parser="qwen3", tool_call_parser="qwen25"))
+    message = chat(client, tools=TOOLS).json()["choices"][0]["message"]
+    assert message["reasoning_content"].strip() == "Need the weather."
+    assert message["tool_calls"][0]["function"]["name"] == "get_weather"
+    events = stream_events(client, tools=TOOLS)
+    assert joined(events, "reasoning_content").strip() == "Need the weather."
+    assert [c["name"] for c in streamed_calls(events)] == ["get_weather"]
+    assert finish_of(events) == "tool_calls"
+
+
+def test_each_server_reads_its_own_tokenizer_managers_parsers(serve):
+    """Two engines in one process: the route follows its TokenizerManager, not the
+    process-wide config bags."""
+    with_parser = serve(make_tm("<think>a</think>b", reasoning_parser="qwen3"))
+    without = serve(make_tm("<think>a</think>b"))
+    assert chat(with_parser).json()["choices"][0]["message"]["content"] == "b"
+    assert chat(without).json()["choices"][0]["message"]["content"] == "<think>a</think>b"
+
+
+# --- the constrained-call stream reader ---------------------------------------------------------
+
+
+def feed_all(text: str, step: int, tools=None) -> list:
+    reader = ConstrainedCallStream(tools or [fn("f"), fn("g")])
+    items = []
+    for start in range(0, len(text), step):
+        items += reader.feed(text[start : start + step])
+    return items
+
+
+def fn(name: str) -> dict:
+    return {"type": "function", "function": {"name": name}}
+
+
+def calls_of(items: list) -> list[tuple[str, str]]:
+    calls: dict[int, list] = {}
+    for item in items:
+        if item.name is not None:
+            assert item.tool_index not in calls and item.parameters == ""
+            calls[item.tool_index] = [item.name, ""]
+        else:
+            calls[item.tool_index][1] += item.parameters
+    return [tuple(calls[i]) for i in sorted(calls)]
+
+
+ARRAY = (
+    '[ {"name": "f", "parameters": {"a": "}{\\" ",  "b": [1, {"c": 2}]}} ,\n'
+    '{"name":"g","parameters":{}}]'
+)
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_constrained_reader_matches_the_whole_text_parse(step):
+    calls = calls_of(feed_all(ARRAY, step))
+    whole = parse_constrained_calls(ARRAY)
+    assert calls == [(item.name, item.parameters) for item in whole]
+    assert [json.loads(args) for _, args in calls] == [{"a": '}{" ', "b": [1, {"c": 2}]}, {}]
+
+
+def test_constrained_reader_streams_arguments_before_the_call_closes():
+    reader = ConstrainedCallStream([fn("f")])
+    first = calls_of(reader.feed('[{"name": "f", "parameters": {"a": "x'))
+    assert first[0][0] == "f" and first[0][1].startswith('{"a": "x')
+    rest = reader.feed('y"}}]')
+    assert first[0][1] + "".join(i.parameters for i in rest) == '{"a": "xy"}'
+
+
+def test_constrained_reader_parameters_before_name():
+    calls = calls_of(feed_all('[{"parameters": {"k": 1}, "name": "f"}]', 2))
+    assert calls == [("f", '{"k": 1}')]
+
+
+# --- the chat template: tool history ------------------------------------------------------------
+
+HISTORY_TEMPLATE = (
+    "{% for m in messages %}[{{ m.role }}]"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}call {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}{% endfor %}{% endif %}"
+    "{% if m.tool_call_id %}({{ m.tool_call_id }}){% endif %}{{ m.content }}\n{% endfor %}"
+    "{% if tools %}tools: {{ tools | map(attribute='function.name') | join(',') }}{% endif %}"
+)
+
+
+def test_tool_history_goes_through_the_template():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()))
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+    ]  # fmt: skip
+    text = render_chat(tokenizer, messages, HISTORY_TEMPLATE, tools=[WEATHER])
+    assert '[assistant]call get_weather {"city": "Paris"}' in text  # an object, not a string
+    assert "[tool](call_1)18C" in text
+    assert text.endswith("tools: get_weather")
+
+
+def test_tool_history_through_the_route(serve):
+    tm = make_tm("ok")
+    client = serve(tm)
+    history = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "tool_calls": [{"id": "call_9", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_9", "content": "-3C"},
+    ]  # fmt: skip
+    body = {"model": MODEL, "messages": history, "tools": TOOLS}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    rendered = tm.tokenizer.calls[-1]["messages"]
+    assert rendered[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    assert rendered[2]["tool_call_id"] == "call_9"
+
+
+# --- detection at the launcher stage ------------------------------------------------------------
+
+QWEN3_LIKE = (
+    "{% if tools %}<tools>{{ tools | tojson }}</tools> answer in <tool_call></tool_call>{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+PLAIN = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+def model_dir(tmp_path, template: str, name: str):
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return directory
+
+
+def test_resolve_auto_parsers_detects_from_the_template(tmp_path):
+    sa = ServerArgs(model_path=str(model_dir(tmp_path, QWEN3_LIKE, "m")), device="cpu")
+    sa.resolve_once()
+    launch = resolve_auto_parsers(sa)
+    assert launch is not sa
+    assert resolution_result(launch, "tool_call_parser") == "qwen25"
+    assert resolution_result(launch, "reasoning_parser") == "qwen3"
+    assert detected_parsers(launch) == {"tool_call_parser": "qwen25", "reasoning_parser": "qwen3"}
+    # the caller's config is untouched
+    assert resolution_result(sa, "tool_call_parser") is None and detected_parsers(sa) == {}
+
+
+def test_a_flag_wins_over_detection(tmp_path):
+    path = str(model_dir(tmp_path, QWEN3_LIKE, "m"))
+    sa = ServerArgs(model_path=path, device="cpu", reasoning_parser="deepseek-r1").resolve_once()
+    launch = resolve_auto_parsers(sa)
+    assert resolution_result(launch, "reasoning_parser") == "deepseek-r1"
+    assert detected_parsers(launch) == {"tool_call_parser": "qwen25"}
+
+
+def test_chat_template_override_is_what_detection_reads(tmp_path):
+    override = tmp_path / "t.jinja"
+    override.write_text(QWEN3_LIKE)
+    path = str(model_dir(tmp_path, PLAIN, "m"))
+    sa = ServerArgs(model_path=path, device="cpu", chat_template=str(override)).resolve_once()
+    assert detected_parsers(resolve_auto_parsers(sa))["reasoning_parser"] == "qwen3"
+
+
+def test_nothing_detected_launches_the_same_config(tmp_path):
+    sa = ServerArgs(model_path=str(model_dir(tmp_path, PLAIN, "m")), device="cpu").resolve_once()
+    assert resolve_auto_parsers(sa) is sa
+
+
+def test_chat_template_jinja_file_wins_like_transformers(tmp_path):
+    directory = model_dir(tmp_path, PLAIN, "m")
+    (directory / "chat_template.jinja").write_text(QWEN3_LIKE)
+    sa = ServerArgs(model_path=str(directory), device="cpu").resolve_once()
+    assert detected_parsers(resolve_auto_parsers(sa))["tool_call_parser"] == "qwen25"
+
+
+def test_detection_is_recorded_per_tokenizer_manager(tmp_path):
+    first = ServerArgs(model_path=str(model_dir(tmp_path, QWEN3_LIKE, "a")), device="cpu")
+    second = ServerArgs(model_path=str(model_dir(tmp_path, PLAIN, "b")), device="cpu")
+    tm_a, tm_b = make_tm(tool_call_parser=None), make_tm(tool_call_parser=None)
+    _record_detected_parsers(tm_a, resolve_auto_parsers(first.resolve_once()))
+    _record_detected_parsers(tm_b, resolve_auto_parsers(second.resolve_once()))
+    assert tm_a.config_value("tool_call_parser") == "qwen25"
+    assert tm_a.resolved_config_dict()["reasoning_parser"] == "qwen3"
+    assert tm_b.config_value("tool_call_parser") is None
+
+
+# --- the flags -----------------------------------------------------------------------------------
+
+
+def test_unknown_parser_names_are_refused_at_startup():
+    with pytest.raises(ValueError, match=r"tool_call_parser='bogus' is not accepted; choose one"):
+        ServerArgs(model_path="org/m", device="cpu", tool_call_parser="bogus").resolve_once()
+    with pytest.raises(ValueError, match=r"reasoning_parser='bogus' is not accepted"):
+        ServerArgs(model_path="org/m", device="cpu", reasoning_parser="bogus").resolve_once()
+
+
+def test_cli_refuses_unknown_parser_names(capsys):
+    with pytest.raises(SystemExit) as exc:
+        prepare_server_args(["--model-path", "org/m", "--tool-call-parser", "bogus"])
+    assert exc.value.code == 2
+    assert "--tool-call-parser: invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_cli_accepts_sglang_parser_names():
+    sa = prepare_server_args(["--model-path", "org/m", "--tool-call-parser", "qwen25",
+                              "--reasoning-parser", "deepseek-r1"])  # fmt: skip
+    assert sa.tool_call_parser == "qwen25" and sa.reasoning_parser == "deepseek-r1"
