@@ -291,7 +291,7 @@ def test_named_choice_schema_and_template_carry_that_function_only(serve):
     (call,) = body["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather"
     schema = json.loads(tm.requests[-1].sampling_params["json_schema"])
-    assert schema == tool_call_schema(TOOLS, choice)
+    assert schema == {**tool_call_schema(TOOLS, choice), "maxItems": 1}
     assert [t["function"]["name"] for t in tm.tokenizer.calls[-1]["tools"]] == ["get_weather"]
 
 

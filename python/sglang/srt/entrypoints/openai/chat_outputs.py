@@ -185,12 +185,17 @@ def has_own_grammar(request: ChatCompletionRequest) -> bool:
 
 
 def call_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
-    """The JSON schema the calls must follow ("required" / named), else None."""
+    """The JSON schema the calls must follow ("required": one or more calls; named:
+    exactly one call of that function), else None."""
     if tool_mode(request) != "constrained":
         return None
     from sglang.srt.parser.function_call.constrained import tool_call_schema
 
-    return tool_call_schema(tool_dicts(request), choice_value(request))
+    choice = choice_value(request)
+    schema = tool_call_schema(tool_dicts(request), choice)
+    if isinstance(choice, dict):
+        schema = {**schema, "maxItems": 1}  # a named function is called once, as in SGLang
+    return schema
 
 
 def template_tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | None:
