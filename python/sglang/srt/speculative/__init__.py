@@ -1,0 +1,1 @@
+"""Speculative decoding: draft proposers (n-gram lookup) and the target's verify rules."""
