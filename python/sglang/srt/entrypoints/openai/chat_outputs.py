@@ -28,6 +28,14 @@ from sglang.srt.entrypoints.openai.protocol import (
     FunctionCall,
     ToolCall,
 )
+from sglang.srt.entrypoints.openai.tool_call_stream import ConstrainedCallStream
+from sglang.srt.parser.function_call import (
+    FunctionCallParser,
+    check_tool_choice,
+    parse_constrained_calls,
+    tool_call_schema,
+)
+from sglang.srt.parser.reasoning_parser import ReasoningParser
 
 ToolMode = Literal["none", "auto", "constrained"]
 # Hybrid reasoning parsers and the chat_template_kwargs switch that turns thinking
@@ -76,26 +84,20 @@ class ChatOutputPlan:
             return None, content
         return [_full_call(item) for item in items], content
 
-    def reasoning(self, stream: bool) -> Any:
-        from sglang.srt.parser.reasoning_parser import ReasoningParser
-
+    def reasoning(self, stream: bool) -> ReasoningParser:
         return ReasoningParser(
             self.reasoning_parser,
             stream_reasoning=self.stream_reasoning if stream else False,
             force_reasoning=self.force_reasoning,
         )
 
-    def call_parser(self) -> Any:
-        from sglang.srt.parser.function_call.parser import FunctionCallParser
-
+    def call_parser(self) -> FunctionCallParser:
         return FunctionCallParser(list(self.tools), self.tool_call_parser)
 
 
 def parse_calls(plan: ChatOutputPlan, text: str) -> tuple[list[Any], str]:
     """(ToolCallItems with full arguments, content) of the text after reasoning."""
     if plan.tool_mode == "constrained":
-        from sglang.srt.parser.function_call import parse_constrained_calls
-
         items = parse_constrained_calls(text)  # [] when cut short: the text is content
         return items, "" if items else text
     if not plan.parses_calls:
@@ -162,8 +164,6 @@ def check_tools(request: ChatCompletionRequest) -> None:
     """`tools` / `tool_choice` that cannot be served: a 400 naming the field."""
     if request.tools is None and request.tool_choice is None:
         return
-    from sglang.srt.parser.function_call.constrained import check_tool_choice
-
     try:
         check_tool_choice(tool_dicts(request), choice_value(request))
     except ValueError as exc:
@@ -189,8 +189,6 @@ def call_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
     exactly one call of that function), else None."""
     if tool_mode(request) != "constrained":
         return None
-    from sglang.srt.parser.function_call.constrained import tool_call_schema
-
     choice = choice_value(request)
     schema = tool_call_schema(tool_dicts(request), choice)
     if isinstance(choice, dict):
@@ -227,8 +225,6 @@ class ChoiceOutputStream:
         if self.plan.reasoning_parser is not None:
             self._reasoning = self.plan.reasoning(stream=True)
         if self.plan.tool_mode == "constrained":
-            from sglang.srt.entrypoints.openai.tool_call_stream import ConstrainedCallStream
-
             self._calls = ConstrainedCallStream(list(self.plan.tools))
         elif self.plan.parses_calls:
             self._calls = self.plan.call_parser()
