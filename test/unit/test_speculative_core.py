@@ -85,16 +85,24 @@ def test_ngram_num_draft_zero():
     assert NgramIndex([1, 2, 1]).propose(0) == []
 
 
-def test_ngram_matches_brute_force_including_unaligned_bytes():
-    # ids whose int32 bytes overlap across token boundaries provoke unaligned
-    # byte matches, which must be skipped
-    alphabet = [0, 1, 256, 257, 65536, 16777216, 16777217]
-    rng = random.Random(0)
+@pytest.mark.parametrize("length", [(0, 16), (17, 60)])  # plain-Python and numpy encodings
+def test_ngram_matches_brute_force(length):
+    # ids with many zero / equal bytes and ids at the top of the range
+    alphabet = [0, 1, 127, 128, 256, 257, 65536, 16777216, (1 << 28) - 1]
+    rng = random.Random(length[0])
     for _ in range(400):
-        tokens = [rng.choice(alphabet[: rng.randint(2, 7)]) for _ in range(rng.randint(0, 40))]
+        ids = alphabet[: rng.randint(2, len(alphabet))]
+        tokens = [rng.choice(ids) for _ in range(rng.randint(*length))]
         num_draft, min_w, max_w = rng.randint(0, 5), rng.randint(1, 3), rng.randint(1, 6)
         expected = _ngram_reference(tokens, num_draft, min_w, max_w)
         assert propose_ngram(tokens, num_draft, min_w, max_w) == expected, tokens
+
+
+@pytest.mark.parametrize("bad_id", [-1, 1 << 28])
+@pytest.mark.parametrize("length", [3, 40])
+def test_ngram_rejects_ids_out_of_range(bad_id, length):
+    with pytest.raises(ValueError, match="token ids"):
+        propose_ngram([1] * (length - 1) + [bad_id], 2)
 
 
 def test_ngram_index_is_incremental_propose_ngram():
@@ -102,7 +110,7 @@ def test_ngram_index_is_incremental_propose_ngram():
     tokens = [rng.randrange(4) for _ in range(10)]
     index = NgramIndex(tokens, max_window=5)
     for _ in range(60):
-        new = [rng.randrange(4) for _ in range(rng.randint(1, 3))]
+        new = [rng.randrange(4) for _ in range(rng.choice([1, 2, 3, 20]))]
         tokens += new
         index.append(new)
         assert len(index) == len(tokens)
