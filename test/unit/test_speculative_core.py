@@ -19,6 +19,7 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.speculative.ngram import NgramIndex, propose_ngram
 from sglang.srt.speculative.verify import (
+    _inverse_cdf,
     accepted_logprobs,
     target_probs,
     verify_greedy,
@@ -367,6 +368,14 @@ def test_mixed_k_batch_with_plain_decode_rows():
     q = torch.softmax(torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(3)), -1)
     outputs = verify_sampling(p, [[], [1, 4], []], q, torch.Generator().manual_seed(0))
     assert [len(o) for o in outputs][0::2] == [1, 1] and 1 <= len(outputs[1]) <= 3
+
+
+def test_last_token_draw_never_lands_on_a_zero_weight_column():
+    # the largest uniform below 1 and zero both stay on the support
+    weights = torch.tensor([[0.3, 0.0, 0.0], [0.0, 0.7, 0.0], [0.0, 0.5, 0.0]])
+    largest_uniform = torch.tensor([1.0 - 2.0**-24] * 3)
+    assert _inverse_cdf(weights, largest_uniform).tolist() == [0, 1, 1]
+    assert _inverse_cdf(weights, torch.zeros(3)).tolist() == [0, 1, 1]
 
 
 def _always_accept(probs: torch.Tensor, drafts: list[list[int]], gen) -> list[list[int]]:

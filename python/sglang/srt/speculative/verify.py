@@ -6,8 +6,8 @@ consecutive rows of the target's logits, requests in order; row j predicts
 the token after input j. Draft-probability rows (one per draft token) follow
 the same order without the extra row.
 
-Each function returns, per request, the accepted drafts followed by one token
-from the target: n_accepted + 1 tokens, between 1 and k + 1.
+The verify functions return, per request, the accepted drafts followed by one
+token from the target: n_accepted + 1 tokens, between 1 and k + 1.
 """
 
 from __future__ import annotations
@@ -108,8 +108,9 @@ def verify_sampling(
     """
     _check_rows(probs, drafts)
     target_rows, draft_rows = _draft_row_indices(drafts, probs.device)
-    draft_tokens = torch.tensor([d for draft in drafts for d in draft], dtype=torch.int64)
-    draft_tokens = draft_tokens.to(probs.device)
+    assert draft_probs is None or draft_probs.shape[0] == len(draft_rows), "one q row per draft"
+    flat_drafts = [d for draft in drafts for d in draft]
+    draft_tokens = torch.tensor(flat_drafts, dtype=torch.int64, device=probs.device)
     p_draft = probs[target_rows, draft_tokens]  # [rows_d]: p[d]
     q_draft = (
         torch.ones_like(p_draft) if draft_probs is None else draft_probs[draft_rows, draft_tokens]
@@ -159,11 +160,14 @@ def _draw_last_tokens(
 
 
 def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """int64[bs]: one column of unnormalized `weights` ([bs, V]) per uniform in [0, 1)."""
+    """int64[bs]: one column of unnormalized `weights` ([bs, V]) per uniform in [0, 1).
+
+    Never a zero-weight column: target < total (u < 1, and float32 u * total
+    rounds below total), and `right=True` skips columns whose cdf did not grow.
+    """
     cdf = weights.cumsum(dim=-1)
     target = (uniform * cdf[:, -1]).unsqueeze(1)
-    picked = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    return picked.clamp_(max=weights.shape[-1] - 1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
 
 
 def accepted_logprobs(
