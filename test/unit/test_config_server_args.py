@@ -228,13 +228,33 @@ def test_speculative_defaults_resolver():
     source, declared = resolve_speculative(view)
     assert source == "speculative_defaults"
     assert declared["speculative_num_draft_tokens"] == 6
+    assert "speculative_draft_attention_backend" not in declared  # NGRAM has no draft model
+    view.speculative_algorithm, view.speculative_num_steps = "STANDALONE", None
+    view.speculative_num_draft_tokens = 3
+    source, declared = resolve_speculative(view)
+    assert declared["speculative_num_steps"] == 2  # from num_draft_tokens
     assert declared["speculative_draft_attention_backend"] == "torch_native"
     assert declared["speculative_draft_load_format"] == "auto"
+    assert declared["speculative_draft_model_path"].endswith("demo_models/draft")
 
 
-def test_refused_speculative_flag_names_the_field():
-    with pytest.raises(ValueError, match="speculative_algorithm.*speculative decoding"):
-        cpu_args(speculative_algorithm="NGRAM")
+def test_speculative_flags_checked_naming_the_field():
+    with pytest.raises(ValueError, match="speculative_algorithm.*EAGLE drafting"):
+        cpu_args(speculative_algorithm="EAGLE")
+    with pytest.raises(ValueError, match="speculative_eagle_topk=2.*tree drafting"):
+        cpu_args(speculative_algorithm="NGRAM", speculative_eagle_topk=2).resolve_once()
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens=3.*num_steps \\+ 1"):
+        cpu_args(speculative_algorithm="NGRAM", speculative_num_steps=4,
+                 speculative_num_draft_tokens=3).resolve_once()  # fmt: skip
+    with pytest.raises(ValueError, match="speculative_draft_model_path is not used by NGRAM"):
+        cpu_args(speculative_algorithm="NGRAM", speculative_draft_model_path="/tmp").resolve_once()
+    with pytest.raises(ValueError, match="page_size=4 is not supported yet"):
+        cpu_args(speculative_algorithm="NGRAM", page_size=4).resolve_once()
+    with pytest.raises(ValueError, match="min <= max"):
+        cpu_args(speculative_algorithm="NGRAM", speculative_ngram_min_match_window_size=5,
+                 speculative_ngram_max_match_window_size=2).resolve_once()  # fmt: skip
+    sa = cpu_args(speculative_algorithm="NGRAM").resolve_once()
+    assert resolution_result(sa, "speculative_num_steps") == 3  # the record keeps None
 
 
 def test_env_fills_num_threads_and_log_level(monkeypatch):

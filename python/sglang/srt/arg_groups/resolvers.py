@@ -199,14 +199,18 @@ def resolve_speculative(c: Any) -> Resolved:
     if c.speculative_algorithm is None:
         return None
     out = _draft_model_path(c)
-    steps = c.speculative_num_steps if c.speculative_num_steps is not None else 3
+    steps = c.speculative_num_steps
+    if steps is None:
+        given = c.speculative_num_draft_tokens
+        steps = given - 1 if given is not None else 3
     defaults = {
         "speculative_num_steps": steps,
         "speculative_num_draft_tokens": steps + 1,
         "speculative_eagle_topk": 1,
-        "speculative_draft_attention_backend": c.attention_backend,
-        "speculative_draft_load_format": c.load_format,
     }
+    if c.speculative_algorithm in DRAFT_MODEL_ALGORITHMS:
+        defaults["speculative_draft_attention_backend"] = c.attention_backend
+        defaults["speculative_draft_load_format"] = c.load_format
     out.update({k: v for k, v in defaults.items() if getattr(c, k) is None})
     return ("speculative_defaults", out) if out else None
 

@@ -1,4 +1,4 @@
-"""The `spec` namespace: speculative decoding (not implemented yet: every field refused)."""
+"""The `spec` namespace: speculative decoding (STANDALONE draft model, NGRAM lookup)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sglang.srt.arg_groups.model import LOAD_FORMAT_CHOICES
 
 SPECULATIVE_ALGORITHM_CHOICES = ("STANDALONE", "EAGLE", "NGRAM")
 DRAFT_MODEL_ALGORITHMS = ("STANDALONE", "EAGLE")
-SPECULATIVE_ISSUE = "speculative decoding"
+SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT = 8  # measured: benchmark/bench_speculative.py
 
 
 @dataclass(kw_only=True)
@@ -19,33 +19,43 @@ class SpecArgs:
 
     speculative_algorithm: str | None = arg(
         None,
-        "Speculative decoding algorithm. Default: off.",
+        "Speculative decoding: STANDALONE (a small draft model of the same tokenizer) or "
+        "NGRAM (lookup in the request's own tokens). Default: off.",
         choices=SPECULATIVE_ALGORITHM_CHOICES,
-        unsupported=SPECULATIVE_ISSUE,
+        unsupported="EAGLE drafting (an EAGLE draft head)",
+        unsupported_values=("EAGLE",),
     )
     speculative_draft_model_path: str | None = arg(
-        None,
-        "Draft checkpoint. Default: the bundled demo draft, if installed.",
-        unsupported=SPECULATIVE_ISSUE,
+        None, "Draft checkpoint (STANDALONE). Default: the bundled demo draft, if installed."
     )
     speculative_num_steps: int | None = arg(
-        None, "Draft steps per verify. Default: 3.", unsupported=SPECULATIVE_ISSUE
+        None, "Draft tokens proposed per verify round (STANDALONE and NGRAM). Default: 3."
     )
     speculative_num_draft_tokens: int | None = arg(
-        None, "Tokens verified per step. Default: num_steps + 1.", unsupported=SPECULATIVE_ISSUE
+        None, "Tokens verified per round: num_steps + 1 (chain drafting). Default: num_steps + 1."
     )
     speculative_eagle_topk: int | None = arg(
-        None, "Draft branching per step. Default: 1.", unsupported=SPECULATIVE_ISSUE
+        None, "Draft branching per step; only 1 (chain drafting) is implemented. Default: 1."
     )
     speculative_draft_attention_backend: str | None = arg(
         None,
         "Attention backend of the draft runner. Default: the target's.",
         choices=ATTENTION_BACKEND_CHOICES,
-        unsupported=SPECULATIVE_ISSUE,
     )
     speculative_draft_load_format: str | None = arg(
         None,
         "Weight format of the draft. Default: the target's load format.",
         choices=LOAD_FORMAT_CHOICES,
-        unsupported=SPECULATIVE_ISSUE,
+    )
+    speculative_ngram_min_match_window_size: int = arg(
+        1, "NGRAM: shortest suffix of a request's tokens that may match earlier tokens."
+    )
+    speculative_ngram_max_match_window_size: int = arg(
+        12, "NGRAM: longest suffix tried first (the longest match proposes)."
+    )
+    speculative_disable_by_batch_size: int = arg(
+        SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT,
+        "Decode without drafting while more requests than this are running (verifying "
+        "costs more than it saves in large batches). Default measured on CPU with the demo "
+        "pair: see benchmark/RESULTS.md.",
     )

@@ -28,6 +28,7 @@ MIN_VALUES: dict[str, int | float] = {
     "node_rank": 0,
     "decode_context_parallel_size": 1,
     "page_size": 1,
+    "speculative_disable_by_batch_size": 0,
     "stream_interval": 1,
     "max_prefill_tokens": 1,
     "max_running_requests": 1,
@@ -152,3 +153,54 @@ def validate(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
     _check_ranges(c)
     _check_topology(c)
     _check_backends(c)
+    _check_speculative(c)
+
+
+_DRAFT_MODEL_FIELDS = (
+    "speculative_draft_model_path",
+    "speculative_draft_attention_backend",
+    "speculative_draft_load_format",
+)
+
+
+def _check_speculative(c: Any) -> None:
+    algo = c.speculative_algorithm
+    if algo is None:
+        return
+    if c.speculative_eagle_topk not in (None, 1):
+        raise ValueError(
+            f"speculative_eagle_topk={c.speculative_eagle_topk} is not supported yet "
+            "(issue: tree drafting); use 1 (chain drafting)"
+        )
+    steps, tokens = c.speculative_num_steps, c.speculative_num_draft_tokens
+    if steps is not None and steps < 1:
+        raise ValueError(f"speculative_num_steps={steps} is not accepted; it must be >= 1")
+    if steps is not None and tokens is not None and tokens != steps + 1:
+        raise ValueError(
+            f"speculative_num_draft_tokens={tokens} is not accepted with "
+            f"speculative_num_steps={steps}: chain drafting verifies num_steps + 1 tokens"
+        )
+    if algo == "NGRAM":
+        for name in _DRAFT_MODEL_FIELDS:
+            if getattr(c, name) is not None:
+                raise ValueError(
+                    f"{name} is not used by NGRAM (it drafts from the request's own "
+                    "tokens, with no draft model); leave it unset or use STANDALONE"
+                )
+    low, high = c.speculative_ngram_min_match_window_size, c.speculative_ngram_max_match_window_size
+    if not 1 <= low <= high:
+        raise ValueError(
+            f"speculative_ngram_min_match_window_size={low} and "
+            f"speculative_ngram_max_match_window_size={high} are not accepted; "
+            "need 1 <= min <= max"
+        )
+    if c.page_size not in (None, 1):
+        raise ValueError(
+            f"speculative decoding with page_size={c.page_size} is not supported yet "
+            "(issue: speculative decoding with paged KV); use page_size 1"
+        )
+    if c.tp_size > 1:
+        raise ValueError(
+            f"speculative decoding with tp_size={c.tp_size} is not supported yet "
+            "(issue: speculative decoding with tensor parallelism)"
+        )

@@ -25,6 +25,7 @@ from sglang.srt.constrained.base import (
     InvalidGrammarError,
 )
 
+
 class XGrammarGrammar(Grammar):
     def __init__(self, matcher: xgr.GrammarMatcher) -> None:
         self.matcher = matcher
@@ -74,7 +75,9 @@ class XGrammarBackend(GrammarBackend):
             # Any object: not strict, so it may hold any properties (strict mode would
             # default additionalProperties to false: only "{}").
             return self.compiler.compile_json_schema(
-                key.text, any_whitespace=self.any_whitespace, strict_mode=key.text != ANY_JSON_OBJECT
+                key.text,
+                any_whitespace=self.any_whitespace,
+                strict_mode=key.text != ANY_JSON_OBJECT,
             )
         if key.kind == REGEX:
             return self.compiler.compile_regex(key.text)

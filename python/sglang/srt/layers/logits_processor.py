@@ -26,7 +26,7 @@ _LOGPROB_CHUNK_ELEMENTS = 1 << 24  # logits held at once while computing input l
 
 @dataclass
 class LogitsProcessorOutput:
-    next_token_logits: torch.Tensor  # float32[bs, vocab]
+    next_token_logits: torch.Tensor  # float32[bs, vocab]; [num_tokens, vocab] for all logits
     # per request: one entry per chunk position in [start, extend_len)
     input_token_logprobs: list[list[float | None]] | None = None
     input_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
@@ -47,6 +47,8 @@ class LogitsProcessor(nn.Module):
         """hidden_states: [num_tokens, H]."""
         fb = forward_batch
         if fb.forward_mode.is_decode():
+            return LogitsProcessorOutput(self._logits(hidden_states, lm_head))
+        if fb.return_all_logits:  # speculative verification: [num_tokens, vocab]
             return LogitsProcessorOutput(self._logits(hidden_states, lm_head))
         if len(fb.extend_seq_lens_cpu) == hidden_states.shape[0]:  # every token is a last one
             out = LogitsProcessorOutput(self._logits(hidden_states, lm_head))

@@ -146,6 +146,8 @@ class BatchTokenIDOutput:
     # Seconds from arrival at the scheduler to the first prefill; None before it.
     queue_times: list[float | None]
     decode_params: list[DecodeParams | None]
+    # speculative decoding on: decode rounds per request (meta_info spec_verify_ct)
+    spec_verify_ct: list[int] | None = None
     output_token_logprobs: list[list[tuple[float, int]]] | None = None
     output_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
     input_token_logprobs: list[list[tuple[float | None, int]]] | None = None
@@ -173,6 +175,7 @@ class BatchStrOutput:
     completion_tokens: list[int]
     cached_tokens: list[int]
     queue_times: list[float | None]
+    spec_verify_ct: list[int] | None = None
     output_token_logprobs: list[list[tuple[float, int]]] | None = None
     output_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
     input_token_logprobs: list[list[tuple[float | None, int]]] | None = None

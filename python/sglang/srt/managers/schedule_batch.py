@@ -88,6 +88,14 @@ class Req:
         # constrained decoding: this request's matcher (constrained/base.Grammar), set
         # once its grammar compiled; None for an unconstrained request
         self.grammar: Any = None
+        # speculative decoding: decode rounds this request took part in, and its draft
+        # runner state (STANDALONE: row in the draft's pools, positions with draft KV,
+        # this round's starting position)
+        self.spec_verify_ct = 0
+        self.draft_pool_idx: int | None = None
+        self.draft_kv_len = 0
+        self.draft_round_base: int | None = None
+        self.ngram_index: Any = None  # NGRAM: speculative.ngram.NgramIndex of all_ids()
 
     def all_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
@@ -240,6 +248,10 @@ class RunningBatch:
 
     def set_sampling_info(self, info: SamplingBatchInfo | None) -> None:
         self._sampling_info = info
+
+    def lens_changed(self) -> None:
+        """Requests' kv_len moved by different amounts (a verify step): rebuild seq_lens."""
+        self._seq_lens = None
 
     def advance(self) -> None:
         """After a decode step every request holds one more token of KV."""

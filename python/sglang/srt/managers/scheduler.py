@@ -28,6 +28,10 @@ from sglang.srt.managers.scheduler_parts.grammar import SchedulerGrammarMixin
 from sglang.srt.managers.scheduler_parts.memory import SchedulerMemoryMixin
 from sglang.srt.managers.scheduler_parts.requests import SchedulerRequestsMixin
 from sglang.srt.managers.scheduler_parts.results import SchedulerResultsMixin
+from sglang.srt.managers.scheduler_parts.speculative import (
+    SchedulerSpeculativeMixin,
+    VerifyStep,
+)
 from sglang.srt.managers.scheduler_parts.tensor_parallel import (
     NullEndpoint,
     TpSync,
@@ -56,6 +60,7 @@ class Scheduler(
     SchedulerRequestsMixin,
     SchedulerFaultsMixin,
     SchedulerGrammarMixin,
+    SchedulerSpeculativeMixin,
 ):
     def __init__(
         self,
@@ -75,6 +80,7 @@ class Scheduler(
         self._init_config()
         self._init_memory()
         self._init_state()
+        self._init_speculative(model_config)
         features = get_exec().features
         self._init_grammar(
             features.grammar_backend,
@@ -238,14 +244,22 @@ class Scheduler(
             return [first, *self.recv_from_tokenizer.recv_all_nowait()]
         return self.recv_from_tokenizer.recv_all_nowait()
 
-    def get_next_batch_to_run(self) -> PrefillBatch | DecodeStep | None:
+    def get_next_batch_to_run(self) -> PrefillBatch | DecodeStep | VerifyStep | None:
         return self.get_new_prefill_batch() or self.get_decode_batch()
 
-    def get_decode_batch(self) -> DecodeStep | None:
+    def get_decode_batch(self) -> DecodeStep | VerifyStep | None:
         if not len(self.running):
             return None
         if not self.decode_fits():
             self.retract_for_decode()
+        if self.drafter is not None:
+            step = self.get_verify_step()
+            if step is not None:
+                return step
+        return self.plain_decode_step()
+
+    def plain_decode_step(self) -> DecodeStep | None:
+        """One slot per running request at its kv_len (None: the batch cannot fit)."""
         kv_lens, pool_indices = self.running.kv_lens(), self.running.req_pool_indices()
         out_cache_loc = self.alloc_decode(kv_lens, pool_indices)
         if out_cache_loc is None:
@@ -263,7 +277,7 @@ class Scheduler(
             self.release_req(req)
             self.pending_outputs.append(req)
 
-    def run_batch(self, batch: PrefillBatch | DecodeStep) -> Any:
+    def run_batch(self, batch: PrefillBatch | DecodeStep | VerifyStep) -> Any:
         if isinstance(batch, PrefillBatch):
             info = self._with_grammar_mask(self._sampling_info(batch.reqs), batch.reqs)
             return self.forward(batch.reqs, batch.to_worker_batch(info))
@@ -273,6 +287,8 @@ class Scheduler(
             if not any(_needs_fresh_sampling_info(r) for r in self.running.reqs):
                 self.running.set_sampling_info(info)
         info = self._with_grammar_mask(info, self.running.reqs)
+        if isinstance(batch, VerifyStep):
+            return self.run_verify(batch, info)
         worker_batch = self.running.to_worker_batch(batch.out_cache_loc, info)
         return self.forward(self.running.reqs, worker_batch)
 
@@ -296,9 +312,14 @@ class Scheduler(
         if isinstance(batch, PrefillBatch):
             self.process_prefill_result(batch, result)
             return
-        self.process_decode_result(result)
+        if isinstance(batch, VerifyStep):
+            self.process_verify_result(batch, result)
+            num_tokens = sum(len(tokens) for tokens in result.accepted)
+        else:
+            self.process_decode_result(result)
+            num_tokens = len(result.next_token_ids)
         self.new_token_ratio.decay()
-        self._count_throughput(len(result.next_token_ids))
+        self._count_throughput(num_tokens)
 
     def _count_throughput(self, num_tokens: int) -> None:
         self._tput_tokens += num_tokens

@@ -85,6 +85,7 @@ class ReqState:
     finished_reason: dict[str, Any] | None = None
     completion_tokens: int = 0
     cached_tokens: int = 0
+    spec_verify_ct: int | None = None  # decode rounds, when speculative decoding is on
     queue_time_s: float | None = None
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
@@ -345,6 +346,8 @@ class TokenizerManager:
         }
         if state.queue_time_s is not None:
             meta["queue_time"] = state.queue_time_s
+        if state.spec_verify_ct is not None:
+            meta["spec_verify_ct"] = state.spec_verify_ct
         if state.obj.return_logprob:
             self._add_logprob_meta(state, meta)
         return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
@@ -416,6 +419,8 @@ class TokenizerManager:
         state.completion_tokens = msg.completion_tokens[i]
         state.cached_tokens = msg.cached_tokens[i]
         state.queue_time_s = msg.queue_times[i]
+        if msg.spec_verify_ct is not None:
+            state.spec_verify_ct = msg.spec_verify_ct[i]
         if msg.output_token_logprobs is not None:
             self._absorb_logprobs(state, msg, i)
         state.finished_reason = reason = msg.finished_reasons[i]

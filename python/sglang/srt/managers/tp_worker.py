@@ -20,6 +20,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     ModelWorkerBatch,
 )
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.speculative.verify_batch import VerifyOutput, verify
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,22 @@ class TpModelWorker:
         logits_output = self.model_runner.forward(forward_batch)
         sample = self.model_runner.sample(logits_output, forward_batch)
         return _to_result(sample, logits_output, batch.return_logprob)
+
+    @torch.inference_mode()
+    def forward_batch_verify(
+        self,
+        batch: ModelWorkerBatch,
+        drafts: list[list[int]],
+        draft_probs: torch.Tensor | None = None,
+    ) -> VerifyOutput:
+        """Run a speculative verify step (an EXTEND of each request's last token and its
+        drafts, logits at every position) and decide the tokens each request keeps."""
+        forward_batch = ForwardBatch.init_new(batch, self.model_runner)
+        logits = self.model_runner.forward(forward_batch).next_token_logits
+        top_nums = batch.top_logprobs_nums if batch.return_logprob else None
+        return verify(
+            logits, batch.sampling_info, drafts, draft_probs, self.model_runner.sampler, top_nums
+        )
 
     @torch.inference_mode()
     def forward_batch_logits(self, batch: ModelWorkerBatch) -> LogitsProcessorOutput:

@@ -58,6 +58,9 @@ class ModelWorkerBatch:
     # EXTEND only, per request: first chunk position whose input logprob is
     # wanted; == extend_seq_len means none.
     extend_input_logprob_start_lens: list[int] | None = None
+    # EXTEND only: logits for every new token, not just each request's last
+    # (speculative verification: row j scores the token after input j)
+    return_all_logits: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -101,6 +104,7 @@ class ForwardBatch:
     top_logprobs_nums: list[int] | None = None
     extend_input_logprob_start_lens: list[int] | None = None
     sampling_info: SamplingBatchInfo | None = None
+    return_all_logits: bool = False
     # input logprobs across chunk boundaries: the runner's {kv_slot: (seq_len, row)}
     logprob_carry: dict | None = field(default=None, repr=False)
     req_pool_indices_cpu: list[int] | None = None
@@ -128,6 +132,7 @@ class ForwardBatch:
             top_logprobs_nums=batch.top_logprobs_nums,
             extend_input_logprob_start_lens=batch.extend_input_logprob_start_lens,
             sampling_info=batch.sampling_info,
+            return_all_logits=batch.return_all_logits,
         )
         _drop_overwritten_carry(runner.logprob_carry, batch.out_cache_loc)
         if batch.return_logprob and batch.forward_mode.is_extend():

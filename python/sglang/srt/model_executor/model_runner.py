@@ -20,6 +20,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.loader import get_model
+from sglang.srt.runtime_context import get_spec
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +97,12 @@ class ModelRunner:
         self.tp_rank, self.tp_size = tp_rank, self.settings.tp_size
         self.device = torch.device(self.settings.device)
         self.context_len = context_length or model_config.context_len
-        self.load_format = load_format or self.settings.load_format
-        self.attention_backend_name = attention_backend or self.settings.attention_backend
+        self.load_format = load_format or self._draft_load_format() or self.settings.load_format
+        self.attention_backend_name = (
+            attention_backend
+            or self.resolve_draft_attention_backend()
+            or self.settings.attention_backend
+        )
         self.page_size = self.settings.page_size
         self._init_torch()
         self.model = self._load_model(model_config.model_path, self.load_format)
@@ -107,6 +112,20 @@ class ModelRunner:
         # {kv slot of a chunk's last token: (seq_len, logprobs of what follows)}: input
         # logprobs across a chunked-prefill boundary (see logits_processor._carried_head)
         self.logprob_carry: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def resolve_draft_attention_backend(self) -> str | None:
+        """A draft runner's backend: --speculative-draft-attention-backend (resolved to the
+        target's when unset); None for a target runner."""
+        if not self.is_draft_worker:
+            return None
+        return get_spec().speculative_draft_attention_backend
+
+    def _draft_load_format(self) -> str | None:
+        """A draft runner's weight format: --speculative-draft-load-format; None for a
+        target runner (or when unset: then the model's)."""
+        if not self.is_draft_worker:
+            return None
+        return get_spec().speculative_draft_load_format
 
     def _init_torch(self) -> None:
         threads = self.settings.num_threads

@@ -24,6 +24,7 @@ import torch
 from sglang.srt.managers.fault_injection import FaultInjector, is_fatal
 from sglang.srt.managers.request_errors import internal_error_reason
 from sglang.srt.managers.schedule_batch import PrefillBatch, RunningBatch
+from sglang.srt.managers.scheduler_parts.speculative import VerifyStep
 from sglang.srt.model_executor.forward_batch_info import GenerationBatchResult
 
 if TYPE_CHECKING:
@@ -81,8 +82,13 @@ class SchedulerFaultsMixin:
     def _isolate(self, batch: Any) -> None:
         if isinstance(batch, PrefillBatch):
             self._isolate_prefill(batch)
-        else:
-            self._isolate_decode(batch)
+            return
+        if isinstance(batch, VerifyStep):  # retry as plain decodes, one request at a time
+            self.undo_verify_step(batch)
+            batch = self.plain_decode_step()
+            if batch is None:
+                return
+        self._isolate_decode(batch)
 
     def _isolate_prefill(self, batch: PrefillBatch) -> None:
         good: list[tuple[Req, torch.Tensor, int, GenerationBatchResult]] = []

@@ -81,6 +81,8 @@ class SchedulerMemoryMixin:
 
     def release_req(self, req: Req) -> None:
         """Give a leaving (finished, aborted or retracted) request's KV back."""
+        if self.drafter is not None:
+            self.drafter.release(req)
         if req.req_pool_idx is None:
             return
         tokens = req.all_ids()[: req.kv_len]
@@ -125,3 +127,4 @@ class SchedulerMemoryMixin:
         held = self.req_to_token_pool.size - self.req_to_token_pool.available_size()
         if held != reserved_rows:
             raise AssertionError(f"request slot leak: {held - reserved_rows} rows held while idle")
+        self.check_draft_integrity()

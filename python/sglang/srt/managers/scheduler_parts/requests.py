@@ -163,6 +163,7 @@ class SchedulerRequestsMixin:
             "num_retracted_reqs": self.num_retracted_reqs,
             "memory_integrity": "ok" if self.integrity_error is None else self.integrity_error,
             "last_gen_throughput": round(self.last_gen_throughput, 2),
+            **self.spec_live_figures(),
             "timestamp": time.time(),
         }
 

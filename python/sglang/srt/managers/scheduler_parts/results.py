@@ -66,6 +66,7 @@ class SchedulerResultsMixin:
         done: list[Req] = []
         for i, req in enumerate(self.running.reqs):
             self._append_token(req, result, i)
+            req.spec_verify_ct += self.drafter is not None  # a round without drafts
             if req.finished:
                 done.append(req)
                 self.release_req(req)
@@ -77,11 +78,26 @@ class SchedulerResultsMixin:
     # ------------------------------------------------------------------ per request
 
     def _append_token(self, req: Req, result: GenerationBatchResult, i: int) -> None:
-        token = result.next_token_ids[i]
+        logprob = top = None
+        if req.logprobs is not None:
+            if result.next_token_logprobs is not None:
+                logprob = result.next_token_logprobs[i]
+            if req.top_logprobs_num and result.next_token_top_logprobs is not None:
+                top = result.next_token_top_logprobs[i]
+        self.accept_token(req, result.next_token_ids[i], logprob, top)
+
+    def accept_token(
+        self,
+        req: Req,
+        token: int,
+        logprob: float | None = None,
+        top: list[tuple[float, int]] | None = None,
+    ) -> None:
+        """Append one generated token: logprobs, grammar, stop and length checks."""
         req.output_ids.append(token)
         try:
             if req.logprobs is not None:
-                self._record_output_logprobs(req, result, i, token)
+                self._record_output_logprobs(req, token, logprob, top)
             if req.grammar is not None:
                 self.advance_grammar(req, token)
             if not req.finished:
@@ -143,11 +159,13 @@ class SchedulerResultsMixin:
 
     # ------------------------------------------------------------------ logprobs
 
-    def _record_output_logprobs(self, req: Req, result: Any, i: int, token: int) -> None:
-        if result.next_token_logprobs is not None:
-            req.logprobs.output_token_logprobs.append((result.next_token_logprobs[i], token))
-        if req.top_logprobs_num and result.next_token_top_logprobs is not None:
-            req.logprobs.output_top_logprobs.append(result.next_token_top_logprobs[i])
+    def _record_output_logprobs(
+        self, req: Req, token: int, logprob: float | None, top: list[tuple[float, int]] | None
+    ) -> None:
+        if logprob is not None:
+            req.logprobs.output_token_logprobs.append((logprob, token))
+        if req.top_logprobs_num and top is not None:
+            req.logprobs.output_top_logprobs.append(top)
 
     def _record_input_logprobs(self, req: Req, result: Any, i: int) -> None:
         if not req.wants_input_logprobs() or result.input_token_logprobs is None:
@@ -180,6 +198,8 @@ class SchedulerResultsMixin:
             queue_times=[r.queue_time_s for r in reqs],
             decode_params=[_decode_params_once(r) for r in reqs],
         )
+        if self.drafter is not None:
+            msg.spec_verify_ct = [r.spec_verify_ct for r in reqs]
         if any(r.logprobs is not None for r in reqs):
             _attach_logprobs(msg, reqs)
         for req in reqs:
