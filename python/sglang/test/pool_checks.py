@@ -20,4 +20,11 @@ def idle_pool_problems(state: dict[str, Any]) -> list[str]:
     if state.get("free_req_slots") != state.get("total_req_slots"):
         problems.append(f"request slots: {state.get('free_req_slots')} free of "
                         f"{state.get('total_req_slots')}")  # fmt: skip
+    if "draft_max_total_num_tokens" in state:  # speculative decoding's draft pool
+        free, total = state["draft_available_kv_tokens"], state["draft_max_total_num_tokens"]
+        if free != total:
+            problems.append(f"draft KV leak: {total - free} of {total} slots held")
+        if state["draft_free_req_slots"] != state["draft_total_req_slots"]:
+            problems.append(f"draft request slots: {state['draft_free_req_slots']} free of "
+                            f"{state['draft_total_req_slots']}")  # fmt: skip
     return problems

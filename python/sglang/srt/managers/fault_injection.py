@@ -3,7 +3,8 @@
 `FaultInjector` is the testing hook behind SGLANG_FAULT_INJECT=`<site>:<marker>`
 (comma-separated for several): site `forward` raises in the scheduler's forward of
 any batch holding a request whose rid contains the marker; site `detokenize`
-raises in the detokenizer for such a batch.
+raises in the detokenizer for such a batch; site `verify` raises in a speculative
+verify forward only (the scheduler then decodes that batch plainly).
 """
 
 from __future__ import annotations

@@ -192,7 +192,9 @@ class SchedulerSpeculativeMixin:
 
     def run_verify(self, step: VerifyStep, info: Any) -> VerifyOutput:
         batch = self.to_verify_batch(step, info)
-        self.fault_injector.check("forward", [r.rid for r in self.running.reqs])
+        rids = [r.rid for r in self.running.reqs]
+        self.fault_injector.check("forward", rids)
+        self.fault_injector.check("verify", rids)
         return self.tp_worker.forward_batch_verify(batch, step.drafts, step.draft_probs)
 
     def undo_verify_step(self, step: VerifyStep) -> None:
