@@ -327,6 +327,20 @@ class Scheduler(
         if elapsed >= 2.0:
             self.last_gen_throughput = self._tput_tokens / elapsed
             self._tput_tokens, self._tput_t0 = 0, time.perf_counter()
+            self._log_decode_window()
+
+    def _log_decode_window(self) -> None:
+        """One line per 2 s window of decoding (SGLang's "Decode batch" line)."""
+        used = self.used_kv_tokens()
+        line = (
+            f"decode: {len(self.running)} running, {len(self.waiting_queue)} queued, "
+            f"token usage {used / max(self.max_total_num_tokens, 1):.2f}, "
+            f"gen throughput {self.last_gen_throughput:.1f} tok/s"
+        )
+        accept = self.window_accept_length()
+        if accept is not None:
+            line += f", accept length {accept:.2f}"
+        logger.info(line)
 
 
 def _needs_fresh_sampling_info(req: Req) -> bool:

@@ -25,6 +25,8 @@ _GAUGE_SOURCES = {
     "token_usage": (("token_usage",), "mean"),
     "cache_hit_rate": (("cache_hit_rate",), "mean"),
     "gen_throughput": (("last_gen_throughput", "gen_throughput"), "sum"),
+    "spec_accept_length": (("avg_spec_accept_length",), "mean"),
+    "num_grammar_queue_reqs": (("num_grammar_queue_reqs",), "sum"),
 }
 _GAUGE_HELP = {
     "num_running_reqs": "Requests in the running (decode) batch.",
@@ -32,6 +34,8 @@ _GAUGE_HELP = {
     "token_usage": "Fraction of KV-cache slots in use.",
     "cache_hit_rate": "Prefix-cache hit rate over recent prefills.",
     "gen_throughput": "Generation throughput (tokens/s).",
+    "spec_accept_length": "Speculative decoding: tokens kept per verify round (drafts + 1).",
+    "num_grammar_queue_reqs": "Constrained requests waiting for their grammar to compile.",
 }
 
 

@@ -62,6 +62,7 @@ class SchedulerSpeculativeMixin:
         self.spec_algorithm = spec.speculative_algorithm
         self.drafter: NgramDrafter | StandaloneDrafter | None = None
         self.spec_rounds = self.spec_round_tokens = self.spec_fallback_steps = 0
+        self._window_rounds = self._window_round_tokens = 0  # since the last decode log line
         if self.spec_algorithm is None:
             return
         self.spec_num_steps = spec.speculative_num_steps
@@ -266,6 +267,13 @@ class SchedulerSpeculativeMixin:
             "spec_fallback_steps": self.spec_fallback_steps,
             **self.drafter.live_figures(),
         }
+
+    def window_accept_length(self) -> float | None:
+        """Tokens kept per verify round since the last call (None: no rounds, or spec off)."""
+        rounds = self.spec_rounds - self._window_rounds
+        tokens = self.spec_round_tokens - self._window_round_tokens
+        self._window_rounds, self._window_round_tokens = self.spec_rounds, self.spec_round_tokens
+        return tokens / rounds if rounds else None
 
     def check_draft_integrity(self) -> None:
         """Idle: the draft pool holds nothing (it caches no prefixes)."""
