@@ -3,7 +3,7 @@
     python benchmark/bench_speculative.py [--batch-size 1 4 16 64] [--output-len 128]
         [--rounds 2] [--num-threads 2] [--threshold 1000]
 
-One Engine per configuration (plain; NGRAM k=3; STANDALONE k=1..4), all alive at
+One Engine per configuration (plain; NGRAM --ngram-k; STANDALONE --standalone-k), all alive at
 once; each round runs every configuration on the same prompts, in turn, so load
 from elsewhere hits all alike; the table gives the median over rounds of output
 tokens / wall seconds (greedy, ignore_eos: equal work), its ratio to plain, and
@@ -32,14 +32,15 @@ FUNCTION = "\n".join(
     f"def step_{i}(values, offset):\n    return [v * {i} + offset for v in values]"
     for i in range(10)
 )
-CONFIGS = {
-    "plain": {},
-    "ngram k=3": dict(speculative_algorithm="NGRAM", speculative_num_steps=3),
-    **{
-        f"standalone k={k}": dict(speculative_algorithm="STANDALONE", speculative_num_steps=k)
-        for k in (1, 2, 3, 4)
-    },
-}
+
+
+def configs(ngram_ks: list[int], standalone_ks: list[int]) -> dict[str, dict]:
+    out: dict[str, dict] = {"plain": {}}
+    for k in ngram_ks:
+        out[f"ngram k={k}"] = dict(speculative_algorithm="NGRAM", speculative_num_steps=k)
+    for k in standalone_ks:
+        out[f"standalone k={k}"] = dict(speculative_algorithm="STANDALONE", speculative_num_steps=k)
+    return out
 
 
 def prompt_sets(batch_size: int) -> dict[str, list[str]]:
@@ -76,6 +77,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--num-threads", type=int, default=2)
     p.add_argument("--threshold", type=int, default=1000)
+    p.add_argument("--ngram-k", type=int, nargs="*", default=[3])
+    p.add_argument("--standalone-k", type=int, nargs="*", default=[1, 2, 3, 4])
     ns = p.parse_args()
     target, draft = str(demo_target_path()), str(demo_draft_path())
     t_ms, d_ms = decode_ms(target, ns.num_threads), decode_ms(draft, ns.num_threads)
@@ -85,7 +88,7 @@ def main() -> None:
                   random_seed=0, max_running_requests=max(ns.batch_size))  # fmt: skip
     engines = {}
     try:
-        for name, extra in CONFIGS.items():
+        for name, extra in configs(ns.ngram_k, ns.standalone_k).items():
             if extra:
                 extra = {**extra, "speculative_disable_by_batch_size": ns.threshold}
             engines[name] = sgl.Engine(**common, **extra)

@@ -10,7 +10,7 @@ from sglang.srt.arg_groups.model import LOAD_FORMAT_CHOICES
 
 SPECULATIVE_ALGORITHM_CHOICES = ("STANDALONE", "EAGLE", "NGRAM")
 DRAFT_MODEL_ALGORITHMS = ("STANDALONE", "EAGLE")
-SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT = 8  # measured: benchmark/bench_speculative.py
+SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT = 16  # measured: benchmark/bench_speculative.py (RESULTS.md)
 
 
 @dataclass(kw_only=True)
