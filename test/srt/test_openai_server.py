@@ -144,8 +144,8 @@ def test_bad_requests_answered_and_server_keeps_serving(client, server):
         client.completions.create(model="tiny", prompt="word " * 5000, max_tokens=2)
     assert info.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as info:
-        chat(client, max_tokens=2, response_format={"type": "json_object"})
-    assert "structured output not supported yet" in info.value.body["message"]
+        chat(client, max_tokens=2, extra_body={"regex": "(unclosed"})
+    assert info.value.body["param"] == "regex" and "invalid regex" in info.value.body["message"]
     malformed = requests.post(server.base_url + "/v1/chat/completions", data=b"{oops")
     assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "invalid_json"
     assert chat(client, max_tokens=1).choices[0].finish_reason == "length"
