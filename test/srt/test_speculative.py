@@ -57,10 +57,27 @@ def prompts() -> list[str]:
     return out
 
 
+REGEX = r"(def|class) [a-z_]{1,12}\((self|x|values)(, [a-z]{1,8}){0,3}\):"
+SCHEMA = (
+    '{"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, '
+    '"legs": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["name", "legs"]}'
+)
+CONSTRAINED = [
+    {"max_new_tokens": 40, "temperature": 0, "regex": REGEX},
+    {"max_new_tokens": 60, "temperature": 0, "json_schema": SCHEMA},
+]
+
+
+def constrained_outputs(llm) -> list[list[int]]:
+    texts = prompts()[:6]
+    return [o["output_ids"] for p in CONSTRAINED for o in llm.generate(texts, p)]
+
+
 @pytest.fixture(scope="module")
 def reference() -> list[list[int]]:
     with sgl.Engine(model_path=str(demo_target_path()), **COMMON) as llm:
-        return [o["output_ids"] for o in llm.generate(prompts(), GREEDY)]
+        outputs = [o["output_ids"] for o in llm.generate(prompts(), GREEDY)]
+        return outputs + constrained_outputs(llm)
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -94,7 +111,7 @@ def no_leaks(request):
 
 def test_greedy_outputs_equal_plain_decoding(engine, reference):
     outs = engine.generate(prompts(), GREEDY)
-    assert [o["output_ids"] for o in outs] == reference
+    assert [o["output_ids"] for o in outs] == reference[:32]
     state = engine.get_server_info()["internal_states"][0]
     # speculation did run: some rounds kept more than one token
     assert state["spec_verify_rounds"] > 0 and state["avg_spec_accept_length"] > 1.0
@@ -149,3 +166,12 @@ def test_failed_verify_falls_back_to_plain_decoding(engine, reference):
     rids = [f"{FAULTY}-0"] + [f"ok-{i}" for i in range(1, 8)]
     outs = engine.generate(texts, GREEDY, rid=rids)
     assert [o["output_ids"] for o in outs] == reference[:8]
+
+
+def test_constrained_requests_draft_within_their_grammar(engine, reference):
+    """Regex and JSON-schema requests keep drafts only where the grammar allows them, and
+    greedy outputs equal plain constrained decoding."""
+    before = engine.get_server_info()["internal_states"][0]["spec_verify_rounds"]
+    assert constrained_outputs(engine) == reference[32:]
+    after = engine.get_server_info()["internal_states"][0]["spec_verify_rounds"]
+    assert after > before  # constrained requests did draft

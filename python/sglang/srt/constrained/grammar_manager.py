@@ -142,9 +142,14 @@ class GrammarManager:
 
     # ------------------------------------------------------------------ per step
 
-    def mask_for(self, reqs: list[Any]) -> GrammarMask | None:
-        """This step's mask for `reqs` (batch order), or None when none is constrained."""
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+    def mask_for(self, reqs: list[Any], skip: list[bool] | None = None) -> GrammarMask | None:
+        """This step's mask for `reqs` (batch order), or None when none is constrained.
+        Rows with skip[i] set get none (a speculative verify masks those rows itself)."""
+        rows = [
+            i
+            for i, r in enumerate(reqs)
+            if r.grammar is not None and not (skip is not None and skip[i])
+        ]
         if not rows:
             return None
         bitmask = self.backend.allocate_bitmask(len(reqs))

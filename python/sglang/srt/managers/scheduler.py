@@ -286,15 +286,18 @@ class Scheduler(
             info = self._sampling_info(self.running.reqs)
             if not any(_needs_fresh_sampling_info(r) for r in self.running.reqs):
                 self.running.set_sampling_info(info)
+        if isinstance(batch, VerifyStep):  # drafting rows get per-row masks instead
+            drafting = [bool(d) for d in batch.drafts]
+            return self.run_verify(
+                batch, self._with_grammar_mask(info, self.running.reqs, drafting)
+            )
         info = self._with_grammar_mask(info, self.running.reqs)
-        if isinstance(batch, VerifyStep):
-            return self.run_verify(batch, info)
         worker_batch = self.running.to_worker_batch(batch.out_cache_loc, info)
         return self.forward(self.running.reqs, worker_batch)
 
-    def _with_grammar_mask(self, info: Any, reqs: list[Req]) -> Any:
+    def _with_grammar_mask(self, info: Any, reqs: list[Req], skip: list[bool] | None = None) -> Any:
         """`info` with this step's grammar mask (a copy: the cached info stays mask-free)."""
-        mask = self.grammar_mask(reqs)
+        mask = self.grammar_mask(reqs, skip)
         return info if mask is None else dataclasses.replace(info, grammar_mask=mask)
 
     def _sampling_info(self, reqs: list[Req]) -> Any:

@@ -89,11 +89,16 @@ class TpModelWorker:
         batch: ModelWorkerBatch,
         drafts: list[list[int]],
         draft_probs: torch.Tensor | None = None,
+        row_mask: Any = None,
     ) -> VerifyOutput:
         """Run a speculative verify step (an EXTEND of each request's last token and its
-        drafts, logits at every position) and decide the tokens each request keeps."""
+        drafts, logits at every position) and decide the tokens each request keeps.
+        `row_mask` (a GrammarMask over verify rows) constrains the rows of constrained
+        requests that drafted."""
         forward_batch = ForwardBatch.init_new(batch, self.model_runner)
         logits = self.model_runner.forward(forward_batch).next_token_logits
+        if row_mask is not None:
+            row_mask.apply(logits)
         top_nums = batch.top_logprobs_nums if batch.return_logprob else None
         return verify(
             logits, batch.sampling_info, drafts, draft_probs, self.model_runner.sampler, top_nums

@@ -5,9 +5,10 @@ so its logits are k + 1 consecutive rows; row j predicts the token after input j
 A request with k = 0 is an ordinary decode row: its last row goes through the
 regular Sampler with the batch's full SamplingBatchInfo (penalties, biases,
 grammar masks, seeds). Only requests without per-position adjustments draft
-(the scheduler decides), so their rows need nothing but temperature and the
-top-k / top-p / min-p filters: greedy rows verify by argmax, sampled rows by
-rejection sampling, which keeps the target's distribution exactly.
+(the scheduler decides; a grammar's per-row masks are applied to the logits
+before this), so their rows need nothing but temperature and the top-k / top-p
+/ min-p filters: greedy rows verify by argmax, sampled rows by rejection
+sampling, which keeps the target's distribution exactly.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang.srt.constrained.backends import GrammarBackendUnavailable, create_grammar_backend
 from sglang.srt.constrained.base import InvalidGrammarError, key_of
-from sglang.srt.constrained.grammar_manager import GrammarManager
+from sglang.srt.constrained.grammar_manager import GrammarManager, GrammarMask
 from sglang.srt.managers.request_errors import internal_error_reason, invalid_request_reason
 from sglang.srt.managers.schedule_batch import finish_stop
 
@@ -96,11 +96,46 @@ class SchedulerGrammarMixin:
     def remove_grammar_waiting(self, rid: str) -> Req | None:
         return self.grammar_manager.remove(rid) if self.grammar_manager is not None else None
 
-    def grammar_mask(self, reqs: list[Req]) -> Any:
+    def grammar_mask(self, reqs: list[Req], skip: list[bool] | None = None) -> Any:
         """This step's token mask for `reqs`, or None when none is constrained."""
         if self.grammar_manager is None:
             return None
-        return self.grammar_manager.mask_for(reqs)
+        return self.grammar_manager.mask_for(reqs, skip)
+
+    def grammar_prefix_len(self, req: Req, draft: list[int]) -> int:
+        """How many leading draft tokens the request's grammar accepts (state unchanged)."""
+        grammar, accepted = req.grammar, 0
+        for token in draft:
+            if not grammar.accept_token(token):
+                break
+            if grammar.is_terminated():  # the end is the target's to choose: no row after it
+                grammar.rollback(1)
+                break
+            accepted += 1
+        if accepted:
+            grammar.rollback(accepted)
+        return accepted
+
+    def grammar_verify_mask(self, reqs: list[Req], drafts: list[list[int]]) -> Any:
+        """Token masks for the verify rows of constrained requests with drafts: row j of
+        a request gets the grammar's mask after its first j drafts (None: no such row)."""
+        if self.grammar_manager is None:
+            return None
+        if not any(r.grammar is not None and d for r, d in zip(reqs, drafts)):
+            return None
+        backend = self.grammar_manager.backend
+        bitmask = backend.allocate_bitmask(sum(len(d) + 1 for d in drafts))
+        rows, offset = [], 0
+        for req, draft in zip(reqs, drafts):
+            if req.grammar is not None and draft:
+                for j in range(len(draft) + 1):
+                    req.grammar.fill_bitmask(bitmask, offset + j)
+                    rows.append(offset + j)
+                    if j < len(draft):
+                        req.grammar.accept_token(draft[j])  # within the grammar: cut before
+                req.grammar.rollback(len(draft))
+            offset += len(draft) + 1
+        return GrammarMask(backend, bitmask, rows)
 
     def advance_grammar(self, req: Req, token: int) -> None:
         """Feed the sampled token to the request's matcher; a complete grammar stops it."""

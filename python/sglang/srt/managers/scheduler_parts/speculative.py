@@ -9,7 +9,10 @@ goes through the same stop / length / logprob bookkeeping as a decoded one.
 
 Requests whose next-token distribution depends on per-position state the
 verify rows do not model (penalties, logit_bias, min_new_tokens pending, a
-grammar, a seed) take part with k = 0: their row is an ordinary decode.
+seed) take part with k = 0: their row is an ordinary decode. A constrained
+request drafts within its grammar: each verify row gets the grammar's mask for
+the state after the drafts before it, and the matcher rolls back to advance
+only on the tokens kept.
 Above --speculative-disable-by-batch-size running requests, the scheduler
 decodes without drafting.
 """
@@ -137,6 +140,7 @@ class SchedulerSpeculativeMixin:
         if not any(budgets):
             return None
         drafts, draft_probs = self.drafter.propose(reqs, budgets)
+        drafts, draft_probs = self._within_grammars(reqs, drafts, draft_probs)
         if not any(drafts):
             self._commit_drafts(reqs, [0] * len(reqs))
             return None
@@ -155,12 +159,28 @@ class SchedulerSpeculativeMixin:
             offset += end - start
         return VerifyStep(loc.to(torch.int64), drafts, draft_probs, kv_lens)
 
+    def _within_grammars(
+        self, reqs: list[Req], drafts: list[list[int]], draft_probs: torch.Tensor | None
+    ) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Cut each constrained request's drafts at the first token its grammar refuses
+        (the matcher is rolled back: it advances only on kept tokens)."""
+        if not any(r.grammar is not None and d for r, d in zip(reqs, drafts)):
+            return drafts, draft_probs
+        kept_rows, offset, cut = [], 0, []
+        for req, draft in zip(reqs, drafts):
+            keep = len(draft) if req.grammar is None else self.grammar_prefix_len(req, draft)
+            cut.append(draft[:keep])
+            kept_rows.extend(range(offset, offset + keep))
+            offset += len(draft)
+        if draft_probs is not None:
+            draft_probs = draft_probs.index_select(0, torch.tensor(kept_rows, dtype=torch.int64))
+        return cut, draft_probs
+
     def _draft_budget(self, req: Req) -> int:
         """Draft tokens this request may verify this round (0 = an ordinary decode row)."""
         p = req.sampling_params
         if (
-            req.grammar is not None
-            or p.seed is not None
+            p.seed is not None
             or p.logit_bias
             or len(req.output_ids) < p.min_new_tokens
             or p.frequency_penalty != 0.0
@@ -196,7 +216,8 @@ class SchedulerSpeculativeMixin:
         rids = [r.rid for r in self.running.reqs]
         self.fault_injector.check("forward", rids)
         self.fault_injector.check("verify", rids)
-        return self.tp_worker.forward_batch_verify(batch, step.drafts, step.draft_probs)
+        row_mask = self.grammar_verify_mask(self.running.reqs, step.drafts)
+        return self.tp_worker.forward_batch_verify(batch, step.drafts, step.draft_probs, row_mask)
 
     def undo_verify_step(self, step: VerifyStep) -> None:
         """A verify forward failed: give back every slot it reserved (the requests are then
