@@ -19,7 +19,7 @@ from sglang.test.corpus import EOS_TOKEN, PAD_TOKEN, save_tokenizer_files, train
 
 logger = logging.getLogger(__name__)
 
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 VOCAB_SIZE = 8192
 MAX_POSITIONS = 4096
 _SHAPE = dict(
@@ -29,6 +29,8 @@ _SHAPE = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
 )
+# MoE: 8 experts, top-2, 2 layers (expert FFNs narrower than the dense one)
+_MOE_SHAPE = dict(num_hidden_layers=2, num_experts_per_tok=2)
 _TOKENIZER_CACHE = Path(tempfile.gettempdir()) / "sglang_tiny_tokenizer"
 
 
@@ -70,7 +72,25 @@ def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
     if arch == "qwen3":
         # an explicit head_dim that differs from hidden_size / num_heads
         return Qwen3Config(**common, head_dim=128, rope_theta=1000000.0)
+    if arch in ("qwen3_moe", "mixtral"):
+        return _make_moe_config(arch, {**common, **_MOE_SHAPE})
     raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
+
+
+def _make_moe_config(arch: str, common: dict):
+    from transformers import MixtralConfig, Qwen3MoeConfig
+
+    if arch == "qwen3_moe":  # norm_topk_prob off (HF's default): raw softmax weights
+        return Qwen3MoeConfig(
+            **common,
+            head_dim=64,
+            num_experts=8,
+            moe_intermediate_size=128,
+            norm_topk_prob=False,
+            rope_theta=1000000.0,
+        )
+    # Mixtral: experts use intermediate_size; top-k weights always renormalised
+    return MixtralConfig(**{**common, "intermediate_size": 128}, num_local_experts=8)
 
 
 def make_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:

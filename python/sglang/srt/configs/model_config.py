@@ -31,7 +31,14 @@ _ARCH_BY_MODEL_TYPE = {
     "mistral": ["MistralForCausalLM"],
     "qwen2": ["Qwen2ForCausalLM"],
     "qwen3": ["Qwen3ForCausalLM"],
+    "gemma2": ["Gemma2ForCausalLM"],
+    "gemma3_text": ["Gemma3ForCausalLM"],
+    "qwen3_moe": ["Qwen3MoeForCausalLM"],
+    "mixtral": ["MixtralForCausalLM"],
 }
+# model types whose models apply each layer's sliding window (ModelConfig.layer_windows);
+# the others keep sequences inside the window (_cap_to_sliding_window)
+_WINDOWED_MODEL_TYPES = frozenset({"mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"})
 _CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
 
 
@@ -49,7 +56,10 @@ class ModelConfig:
         self.raw = _read_json(Path(self.model_path) / "config.json")
         self.hf_config = _load_hf_config(self.model_path, self.raw, trust_remote_code)
         self._init_shape()
+        self._init_moe()
         self._init_rope()
+        # per layer: the sliding window (a query sees that many keys), None = full attention
+        self.layer_windows: list[int | None] = _layer_windows(self.raw, self.num_hidden_layers)
         self.dtype = _resolve_dtype(dtype, self.raw)
         self.context_len = _cap_to_sliding_window(self.raw, _context_len(self.raw, context_length))
         self.eos_token_ids = _eos_token_ids(Path(self.model_path), self.raw)
@@ -90,6 +100,18 @@ class ModelConfig:
         self.tie_word_embeddings: bool = bool(raw.get("tie_word_embeddings", False))
         self.attention_bias: bool = bool(raw.get("attention_bias", False))
         self.max_position_embeddings: int = int(raw.get("max_position_embeddings", 2048))
+
+    def _init_moe(self) -> None:
+        """Expert counts and sizes; num_experts is 0 for a dense model."""
+        raw = self.raw
+        self.num_experts: int = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+        self.num_experts_per_tok: int = int(raw.get("num_experts_per_tok") or 0)
+        # Qwen-style configs size experts apart from the dense MLP; Mixtral uses intermediate_size
+        self.moe_intermediate_size: int = int(
+            raw.get("moe_intermediate_size") or self.intermediate_size
+        )
+        # renormalise the top-k router weights to sum to one (Mixtral always does)
+        self.norm_topk_prob: bool = bool(raw.get("norm_topk_prob", self.model_type == "mixtral"))
 
     def _init_rope(self) -> None:
         """rope_theta + rope_scaling (None for plain rope), from either layout."""
@@ -162,15 +184,44 @@ def _context_len(raw: dict[str, Any], override: int | None) -> int:
     return int(override)
 
 
-def _cap_to_sliding_window(raw: dict[str, Any], context_len: int) -> int:
-    """Sliding-window attention is not implemented: keep sequences inside the window."""
+def _layer_windows(raw: dict[str, Any], num_layers: int) -> list[int | None]:
+    """Each layer's sliding window (None = full attention), as HF transformers applies it:
+    Mistral windows every layer; Qwen2/Qwen3 only with `use_sliding_window`; Gemma 2/3
+    window the `layer_types` marked sliding (by default every other / five in six)."""
+    model_type = raw.get("model_type")
     window = raw.get("sliding_window")
-    uses_window = raw.get("use_sliding_window", raw.get("model_type") == "mistral")
+    if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+        window = None
+    if model_type not in _WINDOWED_MODEL_TYPES or not window:
+        return [None] * num_layers
+    if model_type == "mistral":  # HF's Mistral ignores layer_types
+        return [int(window)] * num_layers
+    types = raw.get("layer_types") or _default_layer_types(raw, num_layers)
+    return [int(window) if t == "sliding_attention" else None for t in types[:num_layers]]
+
+
+def _default_layer_types(raw: dict[str, Any], num_layers: int) -> list[str]:
+    if raw["model_type"] in ("qwen2", "qwen3"):
+        first = int(raw.get("max_window_layers", 28))
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    period = 2 if raw["model_type"] == "gemma2" else int(raw.get("sliding_window_pattern", 6))
+    return [
+        "sliding_attention" if (i + 1) % period else "full_attention" for i in range(num_layers)
+    ]
+
+
+def _cap_to_sliding_window(raw: dict[str, Any], context_len: int) -> int:
+    """Model types without sliding-window attention keep sequences inside the window."""
+    if raw.get("model_type") in _WINDOWED_MODEL_TYPES:
+        return context_len
+    window = raw.get("sliding_window")
+    uses_window = raw.get("use_sliding_window", raw.get("model_type") in ("mistral", "mixtral"))
     if not window or not uses_window or context_len <= int(window):
         return context_len
     logger.warning(
-        "sliding-window attention is not supported; context length capped from %d to the "
+        "sliding-window attention is not supported for %s; context length capped from %d to the "
         "window, %d tokens",
+        raw.get("model_type"),
         context_len,
         int(window),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
@@ -9,6 +10,8 @@ from torch import nn
 
 # tensors a checkpoint may carry that no parameter corresponds to
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+# HF's per-expert tensors: `<prefix>.experts.<e>.<proj>.weight`
+_EXPERT_TENSOR = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
@@ -24,14 +27,21 @@ def load_stacked_weights(
     weights: Iterable[tuple[str, torch.Tensor]],
     stacked_params_mapping: list[tuple[str, str, object]],
     tied_embeddings: bool = False,
+    expert_params_mapping: dict[str, tuple[str, int | None]] | None = None,
 ) -> None:
-    """Load `weights` into `model`; raise naming any unknown tensor or unloaded parameter."""
+    """Load `weights` into `model`; raise naming any unknown tensor or unloaded parameter.
+
+    `expert_params_mapping` maps a per-expert checkpoint projection name to (stacked
+    expert parameter, part): `experts.3.up_proj.weight` -> `experts.gate_up_proj`
+    with shard id (3, part).
+    """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for name, tensor in weights:
         if name.endswith(_IGNORED_SUFFIXES) or (tied_embeddings and name == "lm_head.weight"):
             continue
-        param_name, shard_id = _map_name(name, stacked_params_mapping)
+        mapped = _map_expert_name(name, expert_params_mapping or {})
+        param_name, shard_id = mapped or _map_name(name, stacked_params_mapping)
         if param_name not in params:
             raise ValueError(f"checkpoint tensor {name!r} has no matching model parameter")
         param = params[param_name]
@@ -54,3 +64,13 @@ def _map_name(name: str, mapping: list[tuple[str, str, object]]) -> tuple[str, o
         if f".{ckpt_part}." in name:
             return name.replace(f".{ckpt_part}.", f".{param_part}."), shard_id
     return name, None
+
+
+def _map_expert_name(
+    name: str, mapping: dict[str, tuple[str, int | None]]
+) -> tuple[str, tuple[int, int | None]] | None:
+    match = _EXPERT_TENSOR.search(name)
+    if match is None or match.group(2) not in mapping:
+        return None
+    param_part, part = mapping[match.group(2)]
+    return f"{name[: match.start()]}.experts.{param_part}", (int(match.group(1)), part)

@@ -97,9 +97,13 @@ class LlamaDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.self_attn = self.attention_cls(config, layer_id, tp, rotary_emb)
-        self.mlp = LlamaMLP(config, tp)
+        self.mlp = self.make_mlp(config, layer_id, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def make_mlp(self, config: ModelConfig, layer_id: int, tp: dict[str, int]) -> nn.Module:
+        """The layer's feed-forward block, [T, H] -> [T, H] (MoE models override)."""
+        return LlamaMLP(config, tp)
 
     def forward(
         self,

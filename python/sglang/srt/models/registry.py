@@ -6,7 +6,7 @@ import importlib
 
 from torch import nn
 
-_MODEL_MODULES = ("llama", "qwen2", "qwen3")
+_MODEL_MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 
 
 def _build_registry() -> dict[str, type[nn.Module]]:
