@@ -122,19 +122,47 @@ def test_unsupported_rope_type():
         get_rope(16, 64, 10000.0, {"rope_type": "mystery", "factor": 2.0})
 
 
-def test_sliding_window_caps_the_context(tmp_path):
-    path = _write(
-        tmp_path,
-        {"model_type": "mistral", "sliding_window": 512, "architectures": ["MistralForCausalLM"]},
-    )
-    assert ModelConfig(path).context_len == 512
-    path = _write(
-        tmp_path,
-        {
-            "model_type": "qwen2",
-            "sliding_window": 512,
-            "use_sliding_window": False,
-            "architectures": ["Qwen2ForCausalLM"],
-        },
-    )
-    assert ModelConfig(path).context_len == 1024
+W = 512
+SLIDE, FULL = "sliding_attention", "full_attention"
+
+
+@pytest.mark.parametrize(
+    "extra, windows",
+    [
+        (
+            {"model_type": "mistral", "sliding_window": W, "architectures": ["MistralForCausalLM"]},
+            [W, W],
+        ),
+        ({"model_type": "mistral", "sliding_window": None}, [None, None]),
+        ({"model_type": "qwen2", "sliding_window": W, "use_sliding_window": False}, [None, None]),
+        (
+            {
+                "model_type": "qwen2",
+                "sliding_window": W,
+                "use_sliding_window": True,
+                "max_window_layers": 1,
+            },
+            [None, W],
+        ),
+        ({"model_type": "gemma2", "sliding_window": W}, [W, None]),
+        (
+            {"model_type": "gemma3_text", "sliding_window": W, "num_hidden_layers": 7},
+            [W] * 5 + [None, W],
+        ),
+        (
+            {"model_type": "gemma3_text", "sliding_window": W, "layer_types": [FULL, SLIDE]},
+            [None, W],
+        ),
+    ],
+    ids=["mistral", "mistral-none", "qwen2-off", "qwen2-on", "gemma2", "gemma3", "layer_types"],
+)
+def test_sliding_window_layers_keep_the_full_context(tmp_path, extra, windows):
+    config = ModelConfig(_write(tmp_path, extra))
+    assert config.layer_windows == windows
+    assert config.context_len == 1024
+
+
+def test_sliding_window_caps_the_context_where_not_implemented(tmp_path):
+    extra = {"model_type": "starcoder2", "sliding_window": W, "use_sliding_window": True}
+    config = ModelConfig(_write(tmp_path, extra))
+    assert config.context_len == W and config.layer_windows == [None, None]

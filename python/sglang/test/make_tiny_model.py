@@ -19,7 +19,7 @@ from sglang.test.corpus import EOS_TOKEN, PAD_TOKEN, save_tokenizer_files, train
 
 logger = logging.getLogger(__name__)
 
-ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3", "qwen2_swa")
 VOCAB_SIZE = 8192
 MAX_POSITIONS = 4096
 _SHAPE = dict(
@@ -31,6 +31,8 @@ _SHAPE = dict(
 )
 # MoE: 8 experts, top-2, 2 layers (expert FFNs narrower than the dense one)
 _MOE_SHAPE = dict(num_hidden_layers=2, num_experts_per_tok=2)
+# sliding-window archs (gemma2, gemma3, qwen2_swa): a window short prompts already exceed
+SLIDING_WINDOW = 16
 _TOKENIZER_CACHE = Path(tempfile.gettempdir()) / "sglang_tiny_tokenizer"
 
 
@@ -74,6 +76,8 @@ def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
         return Qwen3Config(**common, head_dim=128, rope_theta=1000000.0)
     if arch in ("qwen3_moe", "mixtral"):
         return _make_moe_config(arch, {**common, **_MOE_SHAPE})
+    if arch in ("gemma2", "gemma3", "qwen2_swa"):
+        return _make_sliding_config(arch, common)
     raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
 
 
@@ -93,6 +97,48 @@ def _make_moe_config(arch: str, common: dict):
     return MixtralConfig(**{**common, "intermediate_size": 128}, num_local_experts=8)
 
 
+def _make_sliding_config(arch: str, common: dict):
+    from transformers import Gemma2Config, Gemma3TextConfig, Qwen2Config
+
+    if arch == "qwen2_swa":  # layers from max_window_layers on slide
+        return Qwen2Config(
+            **common,
+            rope_theta=1000000.0,
+            use_sliding_window=True,
+            sliding_window=SLIDING_WINDOW,
+            max_window_layers=2,
+        )
+    # query scale 1/sqrt(32), not 1/sqrt(head_dim); tied embeddings, as Gemma ships
+    gemma = dict(
+        common,
+        head_dim=64,
+        query_pre_attn_scalar=32,
+        sliding_window=SLIDING_WINDOW,
+        hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True,
+    )
+    if arch == "gemma2":  # sliding / global alternate; caps small enough to bend the scores
+        return Gemma2Config(
+            **gemma, attn_logit_softcapping=2.0, final_logit_softcapping=5.0, rope_theta=10000.0
+        )
+    return Gemma3TextConfig(
+        **gemma,
+        layer_types=["sliding_attention"] * 2 + ["full_attention", "sliding_attention"],
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+    )
+
+
+def _randomize_norms(model) -> None:
+    """Gemma's norms scale by 1 + weight and HF initialises the weight to 0: make it count."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(0.0, 0.3)
+
+
 def make_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
     """Write the checkpoint for `arch` into `out_dir`; returns the directory."""
     import torch
@@ -104,6 +150,8 @@ def make_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
     config = make_config(arch, tokenizer.get_vocab_size(), eos_id, pad_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if arch.startswith("gemma"):
+        _randomize_norms(model)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False).save_pretrained(out)
     save_tokenizer_files(tokenizer, out, model_max_length=MAX_POSITIONS)

@@ -58,8 +58,10 @@ class ModelConfig:
         self._init_shape()
         self._init_moe()
         self._init_rope()
-        # per layer: the sliding window (a query sees that many keys), None = full attention
-        self.layer_windows: list[int | None] = _layer_windows(self.raw, self.num_hidden_layers)
+        # per layer: HF's layer type, and the sliding window it applies (a query sees that
+        # many keys, itself included; None = full attention)
+        self.layer_types: list[str] = _layer_types(self.raw, self.num_hidden_layers)
+        self.layer_windows: list[int | None] = _layer_windows(self.raw, self.layer_types)
         self.dtype = _resolve_dtype(dtype, self.raw)
         self.context_len = _cap_to_sliding_window(self.raw, _context_len(self.raw, context_length))
         self.eos_token_ids = _eos_token_ids(Path(self.model_path), self.raw)
@@ -184,30 +186,38 @@ def _context_len(raw: dict[str, Any], override: int | None) -> int:
     return int(override)
 
 
-def _layer_windows(raw: dict[str, Any], num_layers: int) -> list[int | None]:
-    """Each layer's sliding window (None = full attention), as HF transformers applies it:
-    Mistral windows every layer; Qwen2/Qwen3 only with `use_sliding_window`; Gemma 2/3
-    window the `layer_types` marked sliding (by default every other / five in six)."""
-    model_type = raw.get("model_type")
+def _active_window(raw: dict[str, Any]) -> int | None:
+    """The sliding window HF applies to sliding layers (None: none, or not implemented)."""
     window = raw.get("sliding_window")
-    if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
-        window = None
-    if model_type not in _WINDOWED_MODEL_TYPES or not window:
-        return [None] * num_layers
+    if raw.get("model_type") in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+        return None
+    if raw.get("model_type") not in _WINDOWED_MODEL_TYPES or not window:
+        return None
+    return int(window)
+
+
+def _layer_types(raw: dict[str, Any], num_layers: int) -> list[str]:
+    """'sliding_attention' or 'full_attention' per layer: config.json's `layer_types`, else
+    HF's default: every other layer (Gemma 2), five in six (Gemma 3), from
+    `max_window_layers` on (Qwen2/Qwen3 with a window), all (Mistral with a window)."""
+    model_type = raw.get("model_type")
     if model_type == "mistral":  # HF's Mistral ignores layer_types
-        return [int(window)] * num_layers
-    types = raw.get("layer_types") or _default_layer_types(raw, num_layers)
-    return [int(window) if t == "sliding_attention" else None for t in types[:num_layers]]
+        sliding = _active_window(raw) is not None
+        return ["sliding_attention" if sliding else "full_attention"] * num_layers
+    if raw.get("layer_types"):
+        return list(raw["layer_types"][:num_layers])
+    if model_type in ("gemma2", "gemma3_text"):
+        period = 2 if model_type == "gemma2" else int(raw.get("sliding_window_pattern", 6))
+        return [
+            "sliding_attention" if (i + 1) % period else "full_attention" for i in range(num_layers)
+        ]
+    first = int(raw.get("max_window_layers", 28)) if _active_window(raw) else num_layers
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
 
 
-def _default_layer_types(raw: dict[str, Any], num_layers: int) -> list[str]:
-    if raw["model_type"] in ("qwen2", "qwen3"):
-        first = int(raw.get("max_window_layers", 28))
-        return ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
-    period = 2 if raw["model_type"] == "gemma2" else int(raw.get("sliding_window_pattern", 6))
-    return [
-        "sliding_attention" if (i + 1) % period else "full_attention" for i in range(num_layers)
-    ]
+def _layer_windows(raw: dict[str, Any], layer_types: list[str]) -> list[int | None]:
+    window = _active_window(raw)
+    return [window if t == "sliding_attention" else None for t in layer_types]
 
 
 def _cap_to_sliding_window(raw: dict[str, Any], context_len: int) -> int:

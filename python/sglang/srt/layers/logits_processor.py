@@ -36,10 +36,14 @@ LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # token indices int64[n] -> f
 
 
 class LogitsProcessor(nn.Module):
-    def __init__(self, vocab_size: int, tp_size: int = 1) -> None:
+    def __init__(
+        self, vocab_size: int, tp_size: int = 1, final_logit_softcap: float | None = None
+    ) -> None:
         super().__init__()
         self.vocab_size = vocab_size
         self.tp_size = tp_size
+        # Gemma 2: logits become cap * tanh(logits / cap)
+        self.final_logit_softcap = final_logit_softcap or None
 
     def forward(
         self, hidden_states: torch.Tensor, lm_head: nn.Module, forward_batch: ForwardBatch
@@ -70,7 +74,11 @@ class LogitsProcessor(nn.Module):
             from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_gather
 
             logits = tensor_model_parallel_all_gather(logits, dim=-1)
-        return logits[:, : self.vocab_size].float()
+        logits = logits[:, : self.vocab_size].float()
+        if self.final_logit_softcap is not None:
+            cap = self.final_logit_softcap
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
 
 def _wants_input_logprobs(fb: ForwardBatch) -> bool:

@@ -1,4 +1,5 @@
-"""Llama (and Mistral-style configs: same layout, GQA, optional explicit head_dim)."""
+"""Llama (and Mistral-style configs: same layout, GQA, optional explicit head_dim, sliding
+windows per `ModelConfig.layer_windows`)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,14 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(d, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(d, eps=config.rms_norm_eps)
-        self.attn = RadixAttention(self.num_heads, d, d**-0.5, self.num_kv_heads, layer_id)
+        self.attn = RadixAttention(
+            self.num_heads,
+            d,
+            d**-0.5,
+            self.num_kv_heads,
+            layer_id,
+            sliding_window_size=config.layer_windows[layer_id],
+        )
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch

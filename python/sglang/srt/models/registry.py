@@ -6,7 +6,7 @@ import importlib
 
 from torch import nn
 
-_MODEL_MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+_MODEL_MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3")
 
 
 def _build_registry() -> dict[str, type[nn.Module]]:

@@ -10,6 +10,10 @@ The caller must hold: a ForwardBatch whose `req_to_token` rows are written for
 every position in [0, seq_len) of every request (the scheduler's job), and
 `out_cache_loc` slots the allocator handed out for this step. The backend
 mutates only the KV pool (at `out_cache_loc`) and its own metadata.
+
+Per layer, `layer.sliding_window_size` (None = full) limits a query at position
+q to keys in (q - window, q], and `layer.logit_cap` soft-caps the scores; a
+backend must honour both in extend and decode.
 """
 
 from __future__ import annotations
@@ -43,11 +47,13 @@ class AttentionBackend:
         return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
-        """New tokens attend to their cached prefix and causally to each other."""
+        """New tokens attend to their cached prefix and causally to each other (within the
+        layer's window)."""
         raise NotImplementedError
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
-        """One new token per request attends to all of its request's tokens."""
+        """One new token per request attends to its request's tokens (within the layer's
+        window)."""
         raise NotImplementedError
 
 

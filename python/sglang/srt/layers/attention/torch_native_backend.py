@@ -1,9 +1,18 @@
 """Attention with torch's scaled_dot_product_attention over the paged KV pool.
 
 Works on any device. A ragged batch is padded to a dense [bs, heads, len, dim]
-layout with a boolean mask; all index tensors and masks are built once per
-forward in `init_forward_metadata`, so a layer costs a KV write, one gather
-and one SDPA call (decode: one per cache-sized chunk of requests).
+layout with a boolean mask; index tensors and masks are built once per forward
+and attention window, so a layer costs a KV write, one gather and one SDPA call
+(decode: one per cache-sized chunk of requests).
+
+Sliding windows: a layer whose `sliding_window_size` is W lets the query at
+position q see keys k with q - W < k <= q (W keys, itself included; HF's
+`sliding_window`). Extend masks the keys outside the window; decode gathers only
+each request's last W slots. Layers with a `logit_cap` (Gemma 2) soft-cap their
+scores, cap * tanh(scores / cap), before the mask, in plain matmul attention.
+
+KV outside every layer's window is not freed: the slots stay with their request
+until it finishes (or in the radix cache), as for a full-attention model.
 """
 
 from __future__ import annotations
@@ -63,6 +72,9 @@ class _RaggedExtendMetadata:
     reqs: list[_ReqExtend]
 
 
+_Metadata = _DecodeMetadata | _ExtendMetadata | _RaggedExtendMetadata
+
+
 # Pad a ragged extend batch to one SDPA call unless padding multiplies the work by more
 _MAX_PAD_WASTE = 2.0
 # Decode gathers K/V for this many bytes of requests at a time: attention then reads the
@@ -74,7 +86,9 @@ _DECODE_CHUNK_BYTES = 2 << 20
 class TorchNativeAttnBackend(AttentionBackend):
     def __init__(self, runner) -> None:
         self.device = runner.device
-        self.metadata: _DecodeMetadata | _ExtendMetadata | None = None
+        # this forward's metadata by attention window (None = full attention); the full
+        # one is built in init_forward_metadata, a window's when its first layer runs
+        self.metadata: dict[int | None, _Metadata] = {}
         # decode gathers each chunk's K/V into this one buffer, so the copy stays in cache
         # (a fresh 2 MB tensor per chunk costs page faults): [slots, 2, Hkv, D]
         self.gather_buffer: torch.Tensor | None = None
@@ -82,24 +96,47 @@ class TorchNativeAttnBackend(AttentionBackend):
     # -- per forward --------------------------------------------------------------------
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        if forward_batch.forward_mode.is_decode():
-            self.metadata = self._decode_metadata(forward_batch)
-        else:
-            self.metadata = self._extend_metadata(forward_batch)
+        self.metadata = {None: self._build_metadata(forward_batch, None)}
+
+    def _metadata_for(self, layer: RadixAttention, fb: ForwardBatch) -> _Metadata:
+        window = layer.sliding_window_size
+        if window not in self.metadata:
+            self.metadata[window] = self._build_metadata(fb, window)
+        return self.metadata[window]
+
+    def _build_metadata(self, fb: ForwardBatch, window: int | None) -> _Metadata:
+        if fb.forward_mode.is_decode():
+            return self._decode_metadata(fb, window)
+        return self._extend_metadata(fb, window)
 
     @staticmethod
     def _kv_indices(
-        req_to_token_pool, pool_idx: torch.Tensor, seq_lens: torch.Tensor, max_len: int
+        req_to_token_pool,
+        pool_idx: torch.Tensor,
+        seq_lens: torch.Tensor,
+        max_len: int,
+        window: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(slot ids int64[n, max_len] with padding -> 0, valid bool[n, max_len])."""
+        """(slot ids int64[n, max_len] with padding -> 0, valid bool[n, max_len]): row i
+        holds the slots of its request's last min(seq_len, window) tokens (all: None)."""
         table = req_to_token_pool.req_to_token
-        idx = table[:, :max_len].index_select(0, pool_idx).to(torch.int64)
-        valid = torch.arange(max_len, device=idx.device).unsqueeze(0) < seq_lens.unsqueeze(1)
+        cols = torch.arange(max_len, device=table.device)
+        if window is None:
+            idx = table[:, :max_len].index_select(0, pool_idx).to(torch.int64)
+            kv_lens = seq_lens
+        else:
+            kv_lens = seq_lens.clamp(max=window)
+            pos = ((seq_lens - kv_lens).unsqueeze(1) + cols).clamp(max=table.shape[1] - 1)
+            idx = table[pool_idx.unsqueeze(1), pos].to(torch.int64)
+        valid = cols.unsqueeze(0) < kv_lens.unsqueeze(1)
         return idx.masked_fill(~valid, 0), valid
 
-    def _decode_metadata(self, fb: ForwardBatch) -> _DecodeMetadata:
-        """Requests sorted by length and cut into chunks, each padded to its own longest."""
+    def _decode_metadata(self, fb: ForwardBatch, window: int | None) -> _DecodeMetadata:
+        """Requests sorted by length (of what they attend to) and cut into chunks, each
+        padded to its own longest."""
         lens = fb.seq_lens_cpu
+        if window is not None:
+            lens = [min(n, window) for n in lens]
         order_list = sorted(range(len(lens)), key=lambda i: -lens[i])
         sorted_lens = [lens[i] for i in order_list]
         order = inverse = None
@@ -109,7 +146,9 @@ class TorchNativeAttnBackend(AttentionBackend):
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(len(lens), device=self.device)
             pool_idx, seq_lens = pool_idx.index_select(0, order), seq_lens.index_select(0, order)
-        idx, valid = self._kv_indices(fb.req_to_token_pool, pool_idx, seq_lens, sorted_lens[0])
+        idx, valid = self._kv_indices(
+            fb.req_to_token_pool, pool_idx, seq_lens, sorted_lens[0], window
+        )
         kv = fb.token_to_kv_pool.get_kv_buffer(0)
         slot_bytes = kv[0].numel() * kv.element_size()
         chunks = []
@@ -125,23 +164,27 @@ class TorchNativeAttnBackend(AttentionBackend):
         if buf is None or buf.shape[0] < num_slots or buf.shape[1:] != kv.shape[1:]:
             self.gather_buffer = kv.new_empty(num_slots, *kv.shape[1:])
 
-    def _extend_metadata(self, fb: ForwardBatch) -> _ExtendMetadata | _RaggedExtendMetadata:
+    def _extend_metadata(
+        self, fb: ForwardBatch, window: int | None
+    ) -> _ExtendMetadata | _RaggedExtendMetadata:
         ext, pre = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu
         bs, max_ext = len(ext), max(ext)
         padded_work = bs * max_ext * max(fb.seq_lens_cpu)
         if padded_work > _MAX_PAD_WASTE * sum(e * s for e, s in zip(ext, fb.seq_lens_cpu)):
-            return self._ragged_metadata(fb)
+            return self._ragged_metadata(fb, window)
         uniform = min(ext) == max_ext
         pad_index = None if uniform else _pad_index(ext, max_ext, self.device)
         if not any(pre):
-            mask = None if uniform else _causal_mask([0] * bs, ext, max_ext, max_ext, self.device)
-            return _ExtendMetadata(bs, max_ext, pad_index, None, mask, uniform)
+            if uniform and (window is None or max_ext <= window):  # plain causal suffices
+                return _ExtendMetadata(bs, max_ext, pad_index, None, None, True)
+            mask = _causal_mask([0] * bs, ext, max_ext, max_ext, self.device, window)
+            return _ExtendMetadata(bs, max_ext, pad_index, None, mask, False)
         max_seq = max(fb.seq_lens_cpu)
         idx, _ = self._kv_indices(fb.req_to_token_pool, fb.req_pool_indices, fb.seq_lens, max_seq)
-        mask = _causal_mask(pre, ext, max_ext, max_seq, self.device)
+        mask = _causal_mask(pre, ext, max_ext, max_seq, self.device, window)
         return _ExtendMetadata(bs, max_ext, pad_index, idx, mask, False)
 
-    def _ragged_metadata(self, fb: ForwardBatch) -> _RaggedExtendMetadata:
+    def _ragged_metadata(self, fb: ForwardBatch, window: int | None) -> _RaggedExtendMetadata:
         table = fb.req_to_token_pool.req_to_token
         pool_indices = fb.req_pool_indices.tolist()
         reqs, start = [], 0
@@ -149,7 +192,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             idx = mask = None
             if pre:
                 idx = table[row, : pre + ext].to(torch.int64)
-                mask = _causal_mask([pre], [ext], ext, pre + ext, self.device)
+            if pre or (window is not None and ext > window):
+                mask = _causal_mask([pre], [ext], ext, pre + ext, self.device, window)
             reqs.append(_ReqExtend(start, ext, idx, mask))
             start += ext
         return _RaggedExtendMetadata(reqs)
@@ -165,7 +209,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        md: _DecodeMetadata = self.metadata
+        md: _DecodeMetadata = self._metadata_for(layer, forward_batch)
         pool = forward_batch.token_to_kv_pool
         bs, hq, hkv, d = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         if save_kv_cache:
@@ -179,7 +223,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         kv_buffer = pool.get_kv_buffer(layer.layer_id)
         out = torch.empty_like(qg)  # [bs, Hkv, Hq / Hkv, D], in length order
         for c in md.chunks:
-            out[c.rows] = _decode_attn(qg[c.rows], kv_buffer, c, self.gather_buffer, layer.scaling)
+            out[c.rows] = _decode_attn(qg[c.rows], kv_buffer, c, self.gather_buffer, layer)
         if md.inverse is not None:
             out = out.index_select(0, md.inverse)
         return out.reshape(bs, hq * d)
@@ -193,7 +237,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        md: _ExtendMetadata = self.metadata
+        md = self._metadata_for(layer, forward_batch)
         pool = forward_batch.token_to_kv_pool
         t, hq, hkv, d = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         k, v = k.view(t, hkv, d), v.view(t, hkv, d)
@@ -208,15 +252,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             kv = _gather(pool.get_kv_buffer(layer.layer_id), md.kv_indices)  # [bs, S, 2, Hkv, D]
             keys = kv[:, :, 0].transpose(1, 2).to(q.dtype)
             values = kv[:, :, 1].transpose(1, 2).to(q.dtype)
-        out = F.scaled_dot_product_attention(
-            qp,
-            keys,
-            values,
-            attn_mask=md.mask,
-            is_causal=md.use_causal,
-            scale=layer.scaling,
-            enable_gqa=hq != hkv,
-        )  # [bs, Hq, max_ext, D]
+        out = _attention(qp, keys, values, md.mask, md.use_causal, layer)  # [bs, Hq, max_ext, D]
         return self._unpad(out, md, hq * d)
 
     @staticmethod
@@ -232,15 +268,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             else:
                 kv = kv_buffer.index_select(0, r.kv_indices)  # [seq, 2, Hkv, D]
                 ki, vi = kv[:, 0].transpose(0, 1).to(q.dtype), kv[:, 1].transpose(0, 1).to(q.dtype)
-            out = F.scaled_dot_product_attention(
-                qi,
-                ki.unsqueeze(0),
-                vi.unsqueeze(0),
-                attn_mask=r.mask,
-                is_causal=r.mask is None,
-                scale=layer.scaling,
-                enable_gqa=q.shape[1] != k.shape[1],
-            )  # [1, Hq, ext, D]
+            out = _attention(qi, ki.unsqueeze(0), vi.unsqueeze(0), r.mask, r.mask is None, layer)
             outs.append(out[0].transpose(0, 1).reshape(r.extend_len, -1))
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
@@ -265,7 +293,7 @@ def _decode_attn(
     kv_buffer: torch.Tensor,
     chunk: _DecodeChunk,
     gather_buffer: torch.Tensor,
-    scale: float,
+    layer: RadixAttention,
 ) -> torch.Tensor:
     """qg: [n, Hkv, Hq / Hkv, D] -> [n, Hkv, Hq / Hkv, D], over the chunk's gathered K/V."""
     n, num_slots = qg.shape[0], chunk.kv_indices.numel()
@@ -276,7 +304,43 @@ def _decode_attn(
     values = kv[:, :, 1].transpose(1, 2)
     if keys.dtype != qg.dtype:
         keys, values = keys.to(qg.dtype), values.to(qg.dtype)
-    return F.scaled_dot_product_attention(qg, keys, values, attn_mask=chunk.mask, scale=scale)
+    return _attention(qg, keys, values, chunk.mask, False, layer)
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    layer: RadixAttention,
+) -> torch.Tensor:
+    """q: [..., Hq, L, D]; k, v: [..., Hkv, S, D] (Hq a multiple of Hkv) -> [..., Hq, L, D].
+
+    SDPA, unless the layer soft-caps its scores: then the HF eager formula, op for op.
+    """
+    if not layer.logit_cap:
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=is_causal,
+            scale=layer.scaling,
+            enable_gqa=q.shape[-3] != k.shape[-3],
+        )
+    if q.shape[-3] != k.shape[-3]:  # query head h reads KV head h // group
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * layer.scaling  # [..., Hq, L, S]
+    scores = torch.tanh(scores / layer.logit_cap) * layer.logit_cap
+    if is_causal:
+        q_len, kv_len = scores.shape[-2:]
+        mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
 
 
 def _chunk_rows(sorted_lens: list[int], slots_per_chunk: int) -> list[slice]:
@@ -307,11 +371,16 @@ def _pad_index(ext: list[int], max_ext: int, device) -> torch.Tensor:
     return (rows + torch.arange(int(ext_t.sum())) - starts).to(device)
 
 
-def _causal_mask(pre: list[int], ext: list[int], max_ext: int, kv_len: int, device) -> torch.Tensor:
-    """bool[bs, 1, max_ext, kv_len]: query i of request b sees keys j <= prefix + i, j < seq."""
+def _causal_mask(
+    pre: list[int], ext: list[int], max_ext: int, kv_len: int, device, window: int | None = None
+) -> torch.Tensor:
+    """bool[bs, 1, max_ext, kv_len]: query i of request b (at position q = prefix + i) sees
+    keys j <= q, j < seq, and with a window also j > q - window."""
     pre_t = torch.tensor(pre, dtype=torch.int64, device=device)
     seq_t = pre_t + torch.tensor(ext, dtype=torch.int64, device=device)
     q_pos = pre_t.unsqueeze(1) + torch.arange(max_ext, device=device)  # [bs, max_ext]
     k_pos = torch.arange(kv_len, device=device).view(1, 1, kv_len)
     mask = (k_pos <= q_pos.unsqueeze(2)) & (k_pos < seq_t.view(-1, 1, 1))
+    if window is not None:
+        mask &= k_pos > q_pos.unsqueeze(2) - window
     return mask.unsqueeze(1)
