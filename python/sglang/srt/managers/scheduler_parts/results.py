@@ -67,13 +67,18 @@ class SchedulerResultsMixin:
         for i, req in enumerate(self.running.reqs):
             self._append_token(req, result, i)
             req.spec_verify_ct += self.drafter is not None  # a round without drafts
-            if req.finished:
-                done.append(req)
-                self.release_req(req)
-                self.pending_outputs.append(req)
-            else:
-                self._maybe_stream(req)
+            self.settle(req, done)
         self.running.remove(done)
+
+    def settle(self, req: Req, done: list[Req]) -> None:
+        """After a decode round: a finished request leaves (KV released, output queued,
+        added to `done`); a running one may stream."""
+        if req.finished:
+            done.append(req)
+            self.release_req(req)
+            self.pending_outputs.append(req)
+        else:
+            self._maybe_stream(req)
 
     # ------------------------------------------------------------------ per request
 

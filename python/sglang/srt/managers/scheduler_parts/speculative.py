@@ -237,12 +237,7 @@ class SchedulerSpeculativeMixin:
                     raise
                 logger.exception("request %s: processing its verified tokens failed", req.rid)
                 req.finished_reason = internal_error_reason(exc)
-            if req.finished:
-                done.append(req)
-                self.release_req(req)
-                self.pending_outputs.append(req)
-            else:
-                self._maybe_stream(req)
+            self.settle(req, done)
         self.running.remove(done)
         self.running.lens_changed()
 
