@@ -1,5 +1,5 @@
-"""Sliding-window models vs HF transformers: Gemma 2, Gemma 3 (text) and a Qwen2 config with
-`use_sliding_window`, on tiny checkpoints whose window (16 tokens) the prompts exceed.
+"""Sliding-window models vs HF transformers: Gemma 2, Gemma 3 (text), a Qwen2 config with
+`use_sliding_window` and a Mistral config, on tiny checkpoints whose window (16 tokens) the prompts exceed.
 
 Covers interleaved sliding / global layers, attention and final logit soft-capping
 (gemma2), the (1 + weight) norms, embedding and query scaling, and windowed attention
@@ -21,7 +21,7 @@ from sglang.test.runner_utils import MiniReq, MiniScheduler
 
 pytestmark = pytest.mark.slow
 
-ARCHS = ["gemma2", "gemma3", "qwen2_swa"]
+ARCHS = ["gemma2", "gemma3", "qwen2_swa", "mistral_swa"]
 LOGPROB_TOL = 1e-3
 GREEDY_TOKENS = 32
 LAYOUTS = {"ragged": 0.0, "padded": 1e9}  # torch_native_backend._MAX_PAD_WASTE
@@ -65,7 +65,8 @@ def test_config_windows(setup):
     worker, _, _ = setup
     config = worker.model_config
     windows = config.layer_windows
-    assert set(windows) == {None, SLIDING_WINDOW}  # interleaved sliding and full layers
+    sliding_only = config.model_type == "mistral"  # else sliding and full layers interleave
+    assert set(windows) == ({SLIDING_WINDOW} if sliding_only else {None, SLIDING_WINDOW})
     assert config.context_len > SLIDING_WINDOW  # no longer capped to the window
     layers = worker.model_runner.model.model.layers
     assert [layer.self_attn.attn.sliding_window_size for layer in layers] == windows

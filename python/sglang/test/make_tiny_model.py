@@ -19,7 +19,17 @@ from sglang.test.corpus import EOS_TOKEN, PAD_TOKEN, save_tokenizer_files, train
 
 logger = logging.getLogger(__name__)
 
-ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3", "qwen2_swa")
+ARCHS = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "mixtral",
+    "gemma2",
+    "gemma3",
+    "qwen2_swa",
+    "mistral_swa",
+)
 VOCAB_SIZE = 8192
 MAX_POSITIONS = 4096
 _SHAPE = dict(
@@ -31,7 +41,7 @@ _SHAPE = dict(
 )
 # MoE: 8 experts, top-2, 2 layers (expert FFNs narrower than the dense one)
 _MOE_SHAPE = dict(num_hidden_layers=2, num_experts_per_tok=2)
-# sliding-window archs (gemma2, gemma3, qwen2_swa): a window short prompts already exceed
+# sliding-window archs (gemma2, gemma3, qwen2_swa, mistral_swa): a window short prompts already exceed
 SLIDING_WINDOW = 16
 _TOKENIZER_CACHE = Path(tempfile.gettempdir()) / "sglang_tiny_tokenizer"
 
@@ -76,7 +86,7 @@ def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
         return Qwen3Config(**common, head_dim=128, rope_theta=1000000.0)
     if arch in ("qwen3_moe", "mixtral"):
         return _make_moe_config(arch, {**common, **_MOE_SHAPE})
-    if arch in ("gemma2", "gemma3", "qwen2_swa"):
+    if arch in ("gemma2", "gemma3", "qwen2_swa", "mistral_swa"):
         return _make_sliding_config(arch, common)
     raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
 
@@ -98,8 +108,10 @@ def _make_moe_config(arch: str, common: dict):
 
 
 def _make_sliding_config(arch: str, common: dict):
-    from transformers import Gemma2Config, Gemma3TextConfig, Qwen2Config
+    from transformers import Gemma2Config, Gemma3TextConfig, MistralConfig, Qwen2Config
 
+    if arch == "mistral_swa":  # every layer slides
+        return MistralConfig(**common, rope_theta=10000.0, sliding_window=SLIDING_WINDOW)
     if arch == "qwen2_swa":  # layers from max_window_layers on slide
         return Qwen2Config(
             **common,
