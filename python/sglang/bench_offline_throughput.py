@@ -20,8 +20,14 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_BENCH_ARGS = ("num_prompts", "random_input_len", "random_output_len", "seed",
-               "warmup_prompts", "result_file")
+_BENCH_ARGS = (
+    "num_prompts",
+    "random_input_len",
+    "random_output_len",
+    "seed",
+    "warmup_prompts",
+    "result_file",
+)
 
 
 def add_bench_args(parser: argparse.ArgumentParser) -> None:
