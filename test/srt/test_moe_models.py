@@ -129,13 +129,15 @@ def _naive_moe(x, w_gate_up, w_down, ids, weights):
     return out
 
 
-def _experts(num_experts, hidden, inter, tp_rank=0, tp_size=1, seed=0):
+def _experts(num_experts, hidden, inter, tp_rank=0, tp_size=1, seed=0, ep_size=1):
     """GroupedExperts loaded from per-expert tensors (gate [I, H], up [I, H], down [H, I])."""
     gen = torch.Generator().manual_seed(seed)
     gate = torch.randn(num_experts, inter, hidden, generator=gen)
     up = torch.randn(num_experts, inter, hidden, generator=gen)
     down = torch.randn(num_experts, hidden, inter, generator=gen)
-    layer = GroupedExperts(num_experts, hidden, inter, tp_rank=tp_rank, tp_size=tp_size)
+    layer = GroupedExperts(
+        num_experts, hidden, inter, tp_rank=tp_rank, tp_size=tp_size, ep_size=ep_size
+    )
     for e in range(num_experts):
         layer.gate_up_proj.weight_loader(layer.gate_up_proj, gate[e], (e, 0))
         layer.gate_up_proj.weight_loader(layer.gate_up_proj, up[e], (e, 1))
@@ -174,6 +176,40 @@ def test_tp_shards_sum_to_full_and_empty_batch():
     torch.testing.assert_close(sum(s(x, ids, weights) for s in shards), full, atol=1e-4, rtol=0)
     empty = full.new_empty(0, 16)
     assert shards[0](empty, ids[:0], weights[:0]).shape == (0, 16)
+
+
+def test_ep_ranks_hold_whole_experts_and_sum_to_full():
+    """ep = tp = 2: each rank holds half the experts whole; their partial sums add up to the
+    unsharded block (tokens routed only to the other rank's experts contribute zero here)."""
+    torch.manual_seed(0)
+    x = torch.randn(11, 16)
+    weights, ids = select_experts(torch.randn(11, 4), 2, False)
+    full = _experts(4, 16, 12)[0](x, ids, weights)
+    ranks = [_experts(4, 16, 12, tp_rank=r, tp_size=2, ep_size=2)[0] for r in range(2)]
+    assert ranks[1].gate_up_proj.shape == (2, 24, 16) and ranks[1].first_expert == 2
+    torch.testing.assert_close(sum(r(x, ids, weights) for r in ranks), full, atol=1e-4, rtol=0)
+    only_rank0 = torch.zeros_like(ids)  # every choice on expert 0: rank 1 adds nothing
+    assert torch.count_nonzero(ranks[1](x, only_rank0, weights)) == 0
+    with pytest.raises(ValueError, match="ep_size=2 must divide num_experts=3"):
+        GroupedExperts(3, 16, 12, tp_rank=0, tp_size=2, ep_size=2)
+
+
+@pytest.mark.slow
+def test_ep2_greedy_matches_hf_and_dense_models_refuse_ep(tiny_model_dir, tiny_llama_dir):
+    """tp = ep = 2 (gloo): HF's greedy tokens; ep > 1 on a dense model is a clear error."""
+    import sglang as sgl
+
+    model_dir = str(tiny_model_dir("mixtral"))
+    hf = load_hf_model(model_dir)
+    prompts = [[100, 200, 300, 400, 500], list(range(40, 90))]
+    params = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+    common = dict(tp_size=2, ep_size=2, num_threads=1, log_level="warning", max_total_tokens=2048)
+    with sgl.Engine(model_path=model_dir, **common) as llm:
+        outs = llm.generate(input_ids=prompts, sampling_params=params)
+        assert llm.get_server_info()["internal_states"][0]["ep_size"] == 2
+    assert [o["output_ids"] for o in outs] == [hf_greedy(hf, p, 8) for p in prompts]
+    with pytest.raises(Exception, match="ep_size=2 needs a mixture-of-experts model"):
+        sgl.Engine(model_path=str(tiny_llama_dir), **common)
 
 
 @pytest.mark.slow

@@ -28,9 +28,24 @@ class ParallelArgs:
     _NS_PATH = "parallel"
 
     tp_size: int = arg(1, "Tensor parallel size (ranks per model replica).")
-    dp_size: int = arg(1, "Data parallel size (model replicas).", unsupported="data parallelism")
+    dp_size: int = arg(
+        1,
+        "Data parallel size: model replicas (each with --tp-size ranks and its own KV "
+        "pool), fed by a controller process that routes each request to one replica.",
+    )
+    load_balance_method: str = arg(
+        "round_robin",
+        "How the data-parallel controller picks a replica for a request (dp_size > 1): "
+        "in turn, by fewest requests, or by the longest prefix already cached "
+        "(else fewest requests).",
+        choices=("round_robin", "shortest_queue", "prefix_aware"),
+    )
     pp_size: int = arg(1, "Pipeline parallel size.", unsupported="pipeline parallelism")
-    ep_size: int = arg(1, "Expert parallel size (MoE models).", unsupported="expert parallelism")
+    ep_size: int = arg(
+        1,
+        "Expert parallel size (MoE models): 1, or tp_size to give each TP rank a block of "
+        "whole experts instead of a slice of every expert.",
+    )
     nnodes: int = arg(
         1, "Number of nodes the ranks are spread over.", unsupported="multi-node serving"
     )

@@ -71,8 +71,11 @@ def _check_ranges(c: Any) -> None:
 def _check_topology(c: Any) -> None:
     if c.node_rank >= c.nnodes:
         raise ValueError(f"node_rank={c.node_rank} is not accepted; it must be < nnodes={c.nnodes}")
-    if c.tp_size % c.ep_size:
-        raise ValueError(f"ep_size={c.ep_size} is not accepted; it must divide tp_size={c.tp_size}")
+    if c.ep_size not in (1, c.tp_size):
+        raise ValueError(
+            f"ep_size={c.ep_size} is not accepted; use 1 or tp_size={c.tp_size} "
+            "(experts split across all TP ranks, as SGLang requires)"
+        )
     if c.enable_dp_attention and c.tp_size % c.dp_size:
         raise ValueError(
             f"dp_size={c.dp_size} is not accepted with enable_dp_attention; "

@@ -51,6 +51,7 @@ class RunnerSettings:
     random_seed: int | None = None
     kv_cache_dtype: str = "auto"
     tp_size: int = 1
+    ep_size: int = 1
 
     @classmethod
     def from_bags(cls) -> RunnerSettings:
@@ -76,6 +77,7 @@ class RunnerSettings:
             random_seed=exec_.random_seed,
             kv_cache_dtype=exec_.kernel.kv_cache_dtype,
             tp_size=get_parallel().tp_size,
+            ep_size=get_parallel().ep_size,
         )
 
 
@@ -137,6 +139,11 @@ class ModelRunner:
             torch.manual_seed(self.settings.random_seed)
 
     def _load_model(self, model_path: str, load_format: str) -> torch.nn.Module:
+        if self.settings.ep_size > 1 and not self.model_config.num_experts:
+            raise ValueError(
+                f"ep_size={self.settings.ep_size} needs a mixture-of-experts model; "
+                f"{self.model_config.architecture} has no experts (leave ep_size at 1)"
+            )
         model = get_model(
             self.model_config,
             self.device,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang.srt.runtime_context import get_parallel
+
 
 class NullEndpoint:
     """Stands in for rank 0's sockets on the other ranks."""
@@ -41,7 +43,13 @@ def init_tensor_parallel(tp_size: int, tp_rank: int, init_method: str, device: s
         local_rank=tp_rank,
         backend=default_backend(device),
     )
-    initialize_model_parallel(tp_size)
+    widths = get_parallel()  # one arithmetic: the stamp takes the published quotients
+    initialize_model_parallel(
+        tp_size,
+        expert_model_parallel_size=widths.moe_ep_size,
+        attention_data_parallel_size=widths.attn_dp_size,
+        decode_context_parallel_size=widths.attn_dcp_size,
+    )
 
 
 class TpSync:
