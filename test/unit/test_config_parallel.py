@@ -32,8 +32,8 @@ def test_quotients_are_computed_at_publish():
 
 
 def _quotients(**topology) -> dict:
-    # dp_size, ep_size, dp-attention and decode CP are refused until they land (no
-    # ServerArgs can carry them), so their quotients are checked on the Derived fns.
+    # dp-attention and decode CP are refused until they land (no ServerArgs can
+    # carry them), so the quotients are checked on the Derived fns.
     from types import SimpleNamespace
 
     from sglang.srt.server_args import server_args_derived

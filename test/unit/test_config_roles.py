@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sglang.srt.runtime_context import (
@@ -10,6 +12,7 @@ from sglang.srt.runtime_context import (
     get_device,
     get_exec,
     get_model,
+    get_observability,
     get_parallel,
     publish,
     reset_context,
@@ -40,11 +43,20 @@ def test_roles_listed():
 def test_enforce_raises_outside_the_role_set(monkeypatch):
     monkeypatch.setenv("SGLANG_ROLE_NAMESPACES", "enforce")
     publish_as("dp_controller")
-    assert get_exec().random_seed is not None
-    assert get_device().device == "cpu"
-    assert get_parallel().tp_size == 1
-    with pytest.raises(PermissionError, match="ROLE_NAMESPACE_SETS"):
-        get_model()
+    assert get_parallel().dp_size == 1
+    assert get_parallel().load_balance_method == "round_robin"
+    assert get_observability().log_level is not None
+    for outside in (get_model, get_exec, get_device):
+        with pytest.raises(PermissionError, match="ROLE_NAMESPACE_SETS"):
+            outside()
+
+
+def test_dp_controller_set_is_the_recorded_audit():
+    """The narrowed set is exactly what a record-mode DP run saw the controller read."""
+    audit = Path(__file__).parents[2] / "docs" / "audits" / "role_namespaces_dp2.txt"
+    pairs = [line.split() for line in audit.read_text().splitlines() if line[:1] not in "#"]
+    recorded = {ns for role, ns in pairs if role == "dp_controller" and ns != "-"}
+    assert ROLE_NAMESPACE_SETS["dp_controller"] == recorded
 
 
 def test_enforce_lets_full_roles_read_everything(monkeypatch):

@@ -202,7 +202,7 @@ def test_the_refusals_the_issue_names_are_declared():
         "enable_lora", "lora_paths", "max_loras_per_batch", "disaggregation_mode",
         "enable_multimodal", "enable_torch_compile", "cuda_graph_max_bs", "sampling_backend",
         "enable_dp_attention", "tokenizer_mode", "show_time_cost",
-        "speculative_algorithm", "grammar_backend", "dp_size", "pp_size", "nnodes",
+        "speculative_algorithm", "grammar_backend", "pp_size", "nnodes",
     }  # fmt: skip
     assert named <= refused, sorted(named - refused)
 
@@ -225,11 +225,22 @@ def test_cli_exits_2_naming_the_flag(name, value, context, capsys):
     assert f"error: {flag}" in err and "is not supported yet (issue: " in err
 
 
-def test_launcher_exits_2_for_dp_size():
-    code = "from sglang.launch_server import main; main(['--dp-size', '2'])"
+def test_launcher_exits_2_for_pp_size():
+    code = "from sglang.launch_server import main; main(['--pp-size', '2'])"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 2
-    assert "--dp-size 2 (dp_size=2) is not supported yet (issue: data parallelism)" in proc.stderr
+    assert "--pp-size 2 (pp_size=2) is not supported yet (issue: pipeline parallelism)" in (
+        proc.stderr
+    )
+
+
+def test_dp_size_and_its_balance_method_parse(capsys):
+    """Data parallelism is served (test/srt/test_dp.py); a method it lacks exits 2."""
+    sa = prepare_server_args(["--dp-size", "2", "--load-balance-method", "prefix_aware"])
+    assert (sa.dp_size, sa.load_balance_method) == (2, "prefix_aware")
+    with pytest.raises(SystemExit) as exc:
+        prepare_server_args(["--dp-size", "2", "--load-balance-method", "minimum_tokens"])
+    assert exc.value.code == 2 and "--load-balance-method" in capsys.readouterr().err
 
 
 def test_engine_keyword_refused_before_anything_starts():
@@ -254,8 +265,8 @@ def test_defaults_and_accepted_values_are_fine():
 
 def test_a_record_changed_before_resolution_is_refused_at_resolution():
     sa = ServerArgs(model_path="org/model", device="cpu")
-    sa.dp_size = 2
-    with pytest.raises(ValueError, match=r"dp_size=2.*data parallelism"):
+    sa.pp_size = 2
+    with pytest.raises(ValueError, match=r"pp_size=2.*pipeline parallelism"):
         sa.resolve_once()
     assert not sa.is_resolved
 

@@ -82,13 +82,14 @@ TOP_NAMESPACES = (
 )
 
 # Per role, the top-level namespaces it may read (None = all). Narrow a set only
-# where a record-mode audit backs it.
+# where a record-mode audit backs it: dp_controller's is the one recorded in
+# docs/audits/role_namespaces_dp2.txt (dp_size, load_balance_method; the log level).
 ROLE_NAMESPACE_SETS: dict[str, frozenset[str] | None] = {
     "scheduler": None,
     "test": None,
     "tokenizer": None,
     "detokenizer": None,
-    "dp_controller": frozenset({"exec", "parallel", "device", "disagg"}),
+    "dp_controller": frozenset({"parallel", "observability"}),
 }
 
 

@@ -23,7 +23,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from sglang.srt.managers.forward_clock import ForwardClock
+from sglang.srt.managers.forward_clock import ForwardClock, ForwardClocks
 from sglang.srt.managers.io_struct import ChildFailed, ChildReady, GenerateReqInput
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
@@ -160,46 +160,51 @@ def _wait_ready(role: str, proc: Any, reader: Any, timeout_s: float) -> dict[str
 
 
 def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProcesses]:
-    """Start scheduler + detokenizer, wait for ready, build the TokenizerManager.
+    """Start the schedulers (tp_size per DP rank), the DP controller (dp_size > 1) and
+    the detokenizer, wait for ready, build the TokenizerManager.
 
     On any failure every started child is stopped before the error propagates.
     """
     from sglang.srt.environ import envs
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
-    from sglang.srt.managers.scheduler import run_scheduler_process
     from sglang.srt.parser.chat_template import resolve_auto_parsers
     from sglang.srt.server_args import resolution_result
 
-    # Unsupported topologies (dp_size, pp_size, nnodes > 1) are refused when the
+    # Unsupported topologies (pp_size, nnodes > 1) are refused when the
     # ServerArgs is built or resolved (arg_groups: unsupported=...), not here.
     server_args.resolve_once()
     # Parsers detected from the chat template: decided before the children fork, so
     # they inherit them; the caller's ServerArgs stays as it was.
     server_args = resolve_auto_parsers(server_args)
-    tp_size = int(resolution_result(server_args, "tp_size"))
-    port_args = PortArgs.init_new(resolution_result(server_args, "dist_init_addr"))
+    dp_size = int(resolution_result(server_args, "dp_size"))
+    port_args = PortArgs.init_new(resolution_result(server_args, "dist_init_addr"), dp_size)
     children = ChildProcesses(port_args)
     ctx = mp.get_context("spawn")
-    forward_clock = ForwardClock.shared(ctx)
+    clocks = [ForwardClock.shared(ctx) for _ in range(dp_size)]
     try:
-        readers = []
-        for tp_rank in range(tp_size):
-            role = "scheduler" if tp_size == 1 else f"scheduler (tp rank {tp_rank})"
-            clock = forward_clock if tp_rank == 0 else None
-            proc, reader = _spawn(
-                ctx, role, run_scheduler_process, (server_args, port_args, tp_rank, clock)
+        readers = _spawn_schedulers(ctx, children, server_args, port_args, clocks)
+        if dp_size > 1:
+            from sglang.srt.managers.data_parallel_controller import (
+                run_data_parallel_controller_process,
             )
-            children.procs.append((role, proc))
-            readers.append((role, proc, reader))
-        detok, detok_reader = _spawn(
-            ctx, "detokenizer", run_detokenizer_process, (server_args, port_args)
-        )
-        children.procs.append(("detokenizer", detok))
-        readers.append(("detokenizer", detok, detok_reader))
+
+            args = (server_args, port_args)
+            readers.append(
+                _spawn_child(
+                    ctx, children, "dp_controller", run_data_parallel_controller_process, args
+                )
+            )
+        args = (server_args, port_args)
+        readers.append(_spawn_child(ctx, children, "detokenizer", run_detokenizer_process, args))
         ready_timeout_s = envs.SGLANG_CHILD_READY_TIMEOUT.get()
-        infos = [_wait_ready(role, proc, reader, ready_timeout_s) for role, proc, reader in readers]
-        tokenizer_manager = TokenizerManager(server_args, port_args, ready_info=infos[0])
-        tokenizer_manager.forward_clock = forward_clock
+        infos = {
+            role: _wait_ready(role, proc, reader, ready_timeout_s) for role, proc, reader in readers
+        }
+        ready_info = _replicas_ready_info(
+            [infos[role] for role in _first_tp_roles(dp_size, server_args)]
+        )
+        tokenizer_manager = TokenizerManager(server_args, port_args, ready_info=ready_info)
+        tokenizer_manager.forward_clock = clocks[0] if dp_size == 1 else ForwardClocks(clocks)
         _record_detected_parsers(tokenizer_manager, server_args)
     except BaseException:
         children.shutdown()
@@ -207,6 +212,53 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
     children.on_death.append(tokenizer_manager.on_child_death)
     children.start_watchdog()
     return tokenizer_manager, children
+
+
+def scheduler_role(dp_size: int, tp_size: int, dp_rank: int, tp_rank: int) -> str:
+    """A scheduler's name in child_pids() and in the death message."""
+    ranks = ([f"dp rank {dp_rank}"] if dp_size > 1 else []) + (
+        [f"tp rank {tp_rank}"] if tp_size > 1 else []
+    )
+    return f"scheduler ({', '.join(ranks)})" if ranks else "scheduler"
+
+
+def _first_tp_roles(dp_size: int, server_args: Any) -> list[str]:
+    from sglang.srt.server_args import resolution_result
+
+    tp_size = int(resolution_result(server_args, "tp_size"))
+    return [scheduler_role(dp_size, tp_size, d, 0) for d in range(dp_size)]
+
+
+def _spawn_schedulers(
+    ctx: Any, children: ChildProcesses, server_args: Any, port_args: PortArgs, clocks: list
+) -> list[tuple[str, Any, Any]]:
+    """tp_size scheduler processes per DP rank; rank 0 of each shares that DP rank's clock."""
+    from sglang.srt.managers.scheduler import run_scheduler_process
+    from sglang.srt.server_args import resolution_result
+
+    tp_size = int(resolution_result(server_args, "tp_size"))
+    readers = []
+    for dp_rank, clock in enumerate(clocks):
+        rank_args = port_args.for_dp_rank(dp_rank)
+        for tp_rank in range(tp_size):
+            role = scheduler_role(len(clocks), tp_size, dp_rank, tp_rank)
+            args = (server_args, rank_args, tp_rank, clock if tp_rank == 0 else None)
+            readers.append(_spawn_child(ctx, children, role, run_scheduler_process, args))
+    return readers
+
+
+def _spawn_child(
+    ctx: Any, children: ChildProcesses, role: str, target: Callable, args: tuple
+) -> tuple[str, Any, Any]:
+    proc, reader = _spawn(ctx, role, target, args)
+    children.procs.append((role, proc))
+    return role, proc, reader
+
+
+def _replicas_ready_info(infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the TokenizerManager checks requests against: the smallest replica's limits."""
+    keys = set.intersection(*(set(info) for info in infos))
+    return {key: min(info[key] for info in infos) for key in keys}
 
 
 def _record_detected_parsers(tokenizer_manager: TokenizerManager, launch_args: Any) -> None:

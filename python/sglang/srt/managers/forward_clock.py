@@ -38,3 +38,14 @@ class ForwardClock:
 
 class _Holder:
     value = _IDLE
+
+
+class ForwardClocks:
+    """The clocks of several DP ranks read as one: busy while any rank is in a forward."""
+
+    def __init__(self, clocks: list[ForwardClock]) -> None:
+        self.clocks = clocks
+
+    def busy_for_s(self) -> float | None:
+        busy = [s for s in (c.busy_for_s() for c in self.clocks) if s is not None]
+        return max(busy) if busy else None

@@ -8,8 +8,11 @@ data (lists, ints, strings, small dataclasses); tensors never cross ZMQ.
                                     UpdateWeightFromDiskReqInput
     Scheduler -> Detokenizer       : BatchTokenIDOutput
     Detokenizer -> TokenizerManager: BatchStrOutput
+    Scheduler -> DP controller     : LoadReport (dp_size > 1: the controller takes the
+                                    TokenizerManager's messages, a new request to one
+                                    DP rank, every other message to all of them)
     Scheduler -> TokenizerManager  : FlushCacheReqOutput, GetInternalStateReqOutput,
-                                    UpdateWeightFromDiskReqOutput
+                                    UpdateWeightFromDiskReqOutput (one per DP rank)
     any child -> launcher (pipe)   : ChildReady, ChildFailed
 """
 
@@ -87,19 +90,42 @@ class UpdateWeightFromDiskReqInput:
 
 
 # ----------------------------------------------------------------------------
+# Received by the data-parallel controller from each DP rank's first TP rank
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class LoadReport:
+    """A DP rank's load after a scheduler step (sent when a figure changed)."""
+
+    dp_rank: int
+    num_running_reqs: int
+    num_queued_reqs: int
+    num_free_kv_tokens: int
+    max_total_num_tokens: int
+    # new requests this rank has taken off its input queue, ever
+    num_received_reqs: int
+
+
+# ----------------------------------------------------------------------------
 # Received by the tokenizer manager from the scheduler (control replies)
 # ----------------------------------------------------------------------------
+
+# Each control reply names the DP rank that sent it: with dp_size > 1 every rank
+# answers, and the tokenizer manager collects one reply per rank.
 
 
 @dataclass
 class FlushCacheReqOutput:
     success: bool
     message: str = ""
+    dp_rank: int = 0
 
 
 @dataclass
 class GetInternalStateReqOutput:
     internal_state: dict[str, Any]
+    dp_rank: int = 0
 
 
 @dataclass
@@ -108,6 +134,7 @@ class UpdateWeightFromDiskReqOutput:
     message: str
     model_path: str = ""
     load_format: str | None = None
+    dp_rank: int = 0
 
 
 # ----------------------------------------------------------------------------

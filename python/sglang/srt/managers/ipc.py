@@ -6,11 +6,17 @@ Topology (each arrow is one PUSH -> PULL; the receiver binds):
     Scheduler --(detokenizer)--> Detokenizer --(tokenizer)--> TokenizerManager
     Scheduler --(tokenizer)--> TokenizerManager      (control replies)
 
+With dp_size > 1 the DP controller binds scheduler_input instead, and:
+
+    DP controller --(dp_scheduler_input[d])--> Scheduler of DP rank d
+    Scheduler of each DP rank --(load_report)--> DP controller
+
 One codec (pickle) for every message.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import socket
@@ -32,21 +38,51 @@ class PortArgs:
     detokenizer_ipc_name: str
     # torch.distributed rendezvous of the TP ranks (unused with tp_size 1)
     dist_init_method: str = ""
+    # dp_size > 1: each DP rank's scheduler input and TP rendezvous, and the
+    # controller's load-report queue (empty with dp_size 1)
+    dp_scheduler_input_ipc_names: tuple[str, ...] = ()
+    dp_dist_init_methods: tuple[str, ...] = ()
+    load_report_ipc_name: str = ""
+    # the DP rank a scheduler's copy is for (see for_dp_rank)
+    dp_rank: int = 0
 
     @staticmethod
-    def init_new(dist_init_addr: str | None = None) -> PortArgs:
+    def init_new(dist_init_addr: str | None = None, dp_size: int = 1) -> PortArgs:
         tag = f"sglang-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         base = os.path.join(tempfile.gettempdir(), tag)
-        addr = dist_init_addr or f"127.0.0.1:{free_tcp_port()}"
+        inits = _dist_init_methods(dist_init_addr, dp_size)
+        dp = {}
+        if dp_size > 1:
+            dp = dict(
+                dp_scheduler_input_ipc_names=tuple(
+                    f"ipc://{base}-sched-dp{d}" for d in range(dp_size)
+                ),
+                dp_dist_init_methods=tuple(inits),
+                load_report_ipc_name=f"ipc://{base}-load",
+            )
         return PortArgs(
             tokenizer_ipc_name=f"ipc://{base}-tok",
             scheduler_input_ipc_name=f"ipc://{base}-sched",
             detokenizer_ipc_name=f"ipc://{base}-detok",
-            dist_init_method=f"tcp://{addr}",
+            dist_init_method=inits[0],
+            **dp,
+        )
+
+    def for_dp_rank(self, dp_rank: int) -> PortArgs:
+        """The names DP rank `dp_rank`'s schedulers use: its own input queue (the
+        controller pushes there) and its own TP rendezvous; itself with dp_size 1."""
+        if not self.dp_scheduler_input_ipc_names:
+            return self
+        return dataclasses.replace(
+            self,
+            scheduler_input_ipc_name=self.dp_scheduler_input_ipc_names[dp_rank],
+            dist_init_method=self.dp_dist_init_methods[dp_rank],
+            dp_rank=dp_rank,
         )
 
     def ipc_paths(self) -> list[str]:
         names = [self.tokenizer_ipc_name, self.scheduler_input_ipc_name, self.detokenizer_ipc_name]
+        names += [*self.dp_scheduler_input_ipc_names, self.load_report_ipc_name]
         return [n[len("ipc://") :] for n in names if n.startswith("ipc://")]
 
     def cleanup(self) -> None:
@@ -55,6 +91,14 @@ class PortArgs:
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def _dist_init_methods(dist_init_addr: str | None, dp_size: int) -> list[str]:
+    """One TP rendezvous per DP rank: `host:port + d` when an address is given."""
+    if dist_init_addr is None:
+        return [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(dp_size)]
+    host, _, port = dist_init_addr.rpartition(":")
+    return [f"tcp://{host}:{int(port) + d}" for d in range(dp_size)]
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:
@@ -86,6 +130,10 @@ class PushEndpoint:
     def send(self, obj: Any) -> None:
         self.socket.send(encode(obj), copy=False)
 
+    def send_encoded(self, data: Any) -> None:
+        """Forward a message as received (bytes or a zmq Frame), without re-encoding."""
+        self.socket.send(data, copy=False)
+
     def close(self) -> None:
         self.socket.close(linger=0)
 
@@ -107,13 +155,16 @@ class PullEndpoint:
         return decode(self.socket.recv(copy=False).bytes)
 
     def recv_all_nowait(self) -> list[Any]:
+        return [decode(frame.bytes) for frame in self.recv_frames_nowait()]
+
+    def recv_frames_nowait(self) -> list[zmq.Frame]:
+        """Every message queued now, still encoded."""
         out = []
         while True:
             try:
-                data = self.socket.recv(zmq.NOBLOCK, copy=False)
+                out.append(self.socket.recv(zmq.NOBLOCK, copy=False))
             except zmq.Again:
                 return out
-            out.append(decode(data.bytes))
 
     def close(self) -> None:
         self.socket.close(linger=0)

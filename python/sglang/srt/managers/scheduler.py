@@ -25,6 +25,7 @@ from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy
 from sglang.srt.managers.scheduler_parts.admission import SchedulerAdmissionMixin
 from sglang.srt.managers.scheduler_parts.faults import SchedulerFaultsMixin
 from sglang.srt.managers.scheduler_parts.grammar import SchedulerGrammarMixin
+from sglang.srt.managers.scheduler_parts.load_report import NullLoadReporter
 from sglang.srt.managers.scheduler_parts.memory import SchedulerMemoryMixin
 from sglang.srt.managers.scheduler_parts.requests import SchedulerRequestsMixin
 from sglang.srt.managers.scheduler_parts.results import SchedulerResultsMixin
@@ -71,9 +72,13 @@ class Scheduler(
         send_to_detokenizer: Any,
         send_to_tokenizer: Any,
         tp_sync: TpSync | None = None,
+        dp_rank: int = 0,
+        load_reporter: NullLoadReporter | None = None,
     ):
         self.tp_worker, self.model_config, self.tokenizer = tp_worker, model_config, tokenizer
         self.tp_sync = tp_sync or TpSync(1)
+        self.dp_rank = dp_rank
+        self.load_reporter = load_reporter or NullLoadReporter()
         self.recv_from_tokenizer = recv_from_tokenizer
         self.send_to_detokenizer = send_to_detokenizer
         self.send_to_tokenizer = send_to_tokenizer
@@ -188,7 +193,9 @@ class Scheduler(
 
     def step(self, block: bool = False) -> None:
         """Receive, schedule one batch, run it, process it, emit outputs."""
-        self.process_input_requests(self.recv_requests(block))
+        msgs = self.recv_requests(block)
+        self.load_reporter.note_received(msgs)
+        self.process_input_requests(msgs)
         self.admit_compiled_grammars(block_s=IDLE_POLL_MS / 1e3 if self._only_compiling() else 0)
         batch = self.get_next_batch_to_run()
         if batch is not None:
@@ -199,6 +206,7 @@ class Scheduler(
                 self.forward_clock.stop()
             self._checked_idle = False
         self.emit_outputs()
+        self.load_reporter.maybe_report(self)
         if batch is None and self.is_idle() and not self._checked_idle:
             self._check_idle_integrity()
 
@@ -382,6 +390,7 @@ def _build(port_args: Any, tp_rank: int, forward_clock: ForwardClock | None = No
 
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.managers.ipc import PullEndpoint, PushEndpoint
+    from sglang.srt.managers.scheduler_parts.load_report import LoadReporter
     from sglang.srt.managers.tokenizer_manager import load_tokenizer
     from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.runtime_context import get_device, get_parallel
@@ -390,8 +399,12 @@ def _build(port_args: Any, tp_rank: int, forward_clock: ForwardClock | None = No
     init_tensor_parallel(tp_size, tp_rank, port_args.dist_init_method, str(get_device().device))
     model_config = ModelConfig.from_server_args()
     tp_worker = TpModelWorker(model_config, tp_rank=tp_rank)
+    reporter = None
     if tp_rank == 0:
         ctx = zmq.Context(2)
+        if port_args.load_report_ipc_name:  # one of several DP ranks
+            push = PushEndpoint(ctx, port_args.load_report_ipc_name)
+            reporter = LoadReporter(push, port_args.dp_rank)
         endpoints = (
             PullEndpoint(ctx, port_args.scheduler_input_ipc_name),
             PushEndpoint(ctx, port_args.detokenizer_ipc_name),
@@ -400,7 +413,13 @@ def _build(port_args: Any, tp_rank: int, forward_clock: ForwardClock | None = No
     else:
         endpoints = (NullEndpoint(), NullEndpoint(), NullEndpoint())
     scheduler = Scheduler(
-        tp_worker, model_config, load_tokenizer(), *endpoints, tp_sync=TpSync(tp_size)
+        tp_worker,
+        model_config,
+        load_tokenizer(),
+        *endpoints,
+        tp_sync=TpSync(tp_size),
+        dp_rank=port_args.dp_rank,
+        load_reporter=reporter,
     )
     if forward_clock is not None:
         scheduler.forward_clock = forward_clock

@@ -104,7 +104,7 @@ class TokenizerManager:
         self._init_config(ready_info or {})
         self._init_ipc()
         self.rid_to_state: dict[str, ReqState] = {}
-        self._control_waiters: dict[type, deque[asyncio.Future]] = {}
+        self._control_waiters: dict[type, deque[_ReplyCollector]] = {}
         self._config_updates: dict[str, Any] = {}
         self._dead_message: str | None = None
         self._handle_loop_task: asyncio.Task | None = None
@@ -129,6 +129,8 @@ class TokenizerManager:
 
         self.log_requests = bool(get_observability().log_requests)
         self._base_config = dict(self.server_args.resolved_dict())
+        # every DP rank answers a control request (the controller sends it to all)
+        self.num_dp_ranks = int(self._base_config.get("dp_size", 1))
 
     def _init_ipc(self) -> None:
         self._sync_ctx = zmq.Context(1)
@@ -172,7 +174,7 @@ class TokenizerManager:
             state.event.set()
         for waiters in self._control_waiters.values():
             while waiters:
-                fut = waiters.popleft()
+                fut = waiters.popleft().future
                 if not fut.done():
                     fut.set_exception(ServerUnavailableError(message))
 
@@ -435,37 +437,47 @@ class TokenizerManager:
         state.input_top_logprobs.extend(msg.input_top_logprobs[i])
 
     def _resolve_control(self, msg: Any) -> None:
-        waiters = self._control_waiters.get(type(msg))
-        if not waiters:
+        """A reply goes to the oldest waiter of its type that lacks its DP rank's: each
+        rank answers in order, so that is the request this reply answers."""
+        waiters = self._control_waiters.get(type(msg), deque())
+        collector = next((w for w in waiters if msg.dp_rank not in w.replies), None)
+        if collector is None:
             logger.warning("unexpected control reply %s", type(msg).__name__)
             return
-        fut = waiters.popleft()
-        if not fut.done():
-            fut.set_result(msg)
+        collector.replies[msg.dp_rank] = msg
+        if len(collector.replies) == collector.num_replies:
+            waiters.remove(collector)
+            if not collector.future.done():
+                collector.future.set_result(
+                    [collector.replies[r] for r in sorted(collector.replies)]
+                )
 
-    async def _control(self, request: Any, reply_type: type) -> Any:
+    async def _control(self, request: Any, reply_type: type) -> list[Any]:
+        """Send a control request; the replies of every DP rank, by rank."""
         self._check_alive()
         self._ensure_handle_loop()
-        fut = asyncio.get_running_loop().create_future()
-        self._control_waiters.setdefault(reply_type, deque()).append(fut)
+        collector = _ReplyCollector(asyncio.get_running_loop().create_future(), self.num_dp_ranks)
+        self._control_waiters.setdefault(reply_type, deque()).append(collector)
         self.send_to_scheduler.send(request)
-        return await fut
+        return await collector.future
 
     # ------------------------------------------------------------------ control API
 
     async def flush_cache(self) -> bool:
-        out = await self._control(FlushCacheReqInput(), FlushCacheReqOutput)
-        return out.success
+        outs = await self._control(FlushCacheReqInput(), FlushCacheReqOutput)
+        return all(out.success for out in outs)
 
     async def get_internal_state(self) -> list[dict[str, Any]]:
-        out = await self._control(GetInternalStateReq(), GetInternalStateReqOutput)
-        return [out.internal_state]
+        """One state per DP rank, in rank order."""
+        outs = await self._control(GetInternalStateReq(), GetInternalStateReqOutput)
+        return [out.internal_state for out in outs]
 
     async def update_weights_from_disk(
         self, model_path: str, load_format: str | None = None
     ) -> tuple[bool, str]:
         req = UpdateWeightFromDiskReqInput(model_path=model_path, load_format=load_format)
-        out = await self._control(req, UpdateWeightFromDiskReqOutput)
+        outs = await self._control(req, UpdateWeightFromDiskReqOutput)
+        out = _combined_update_reply(outs)
         if out.success:
             fields: dict[str, Any] = {"model_path": model_path}
             if load_format is not None:
@@ -483,6 +495,26 @@ class TokenizerManager:
                 await task
         self.recv_from_detokenizer.close()
         self.send_to_scheduler.close()
+
+
+@dataclass
+class _ReplyCollector:
+    """One control request's replies, one per DP rank, gathered into `future`."""
+
+    future: asyncio.Future
+    num_replies: int
+    replies: dict[int, Any] = field(default_factory=dict)  # dp_rank -> reply
+
+
+def _combined_update_reply(outs: list[UpdateWeightFromDiskReqOutput]) -> Any:
+    """Success only if every DP rank loaded the weights; each failing rank's reason."""
+    if len(outs) == 1:
+        return outs[0]
+    failed = [f"DP rank {o.dp_rank}: {o.message}" for o in outs if not o.success]
+    message = "; ".join(failed) if failed else outs[0].message
+    return UpdateWeightFromDiskReqOutput(
+        not failed, message, outs[0].model_path, outs[0].load_format
+    )
 
 
 # ----------------------------------------------------------------------------

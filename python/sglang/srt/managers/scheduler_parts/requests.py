@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ class SchedulerRequestsMixin:
     context_len: int
     send_to_tokenizer: Any
     tp_worker: Any
+    dp_rank: int
 
     def process_input_requests(self, msgs: list[Any]) -> None:
         for msg in msgs:
@@ -123,26 +125,28 @@ class SchedulerRequestsMixin:
 
     def handle_flush_cache(self, msg: FlushCacheReqInput) -> None:
         if not self.is_idle():
-            out = FlushCacheReqOutput(False, "Cannot flush the cache while requests are in flight.")
+            text = "Cannot flush the cache while requests are in flight."
+            out = FlushCacheReqOutput(False, text, dp_rank=self.dp_rank)
         else:
             self.tree_cache.reset()
             self.allocator.clear()
             self.req_to_token_pool.clear()
             self.reserve_excess()
             self.cache_hits = self.cache_queries = 0
-            out = FlushCacheReqOutput(True, "Cache flushed.")
+            out = FlushCacheReqOutput(True, "Cache flushed.", dp_rank=self.dp_rank)
         self.send_to_tokenizer.send(out)
 
     def handle_get_internal_state(self, msg: GetInternalStateReq) -> None:
         if self.is_idle() and not self._checked_idle:
             self._check_idle_integrity()
-        self.send_to_tokenizer.send(GetInternalStateReqOutput(self.internal_state()))
+        state = self.internal_state()
+        self.send_to_tokenizer.send(GetInternalStateReqOutput(state, dp_rank=self.dp_rank))
 
     def internal_state(self) -> dict[str, Any]:
         from sglang.srt.runtime_context import get_context
 
         state = dict(get_context().resolved_server_args_dict())
-        state.update(self.live_figures())
+        state.update(self.live_figures(), dp_rank=self.dp_rank, pid=os.getpid())
         return state
 
     def live_figures(self) -> dict[str, Any]:
@@ -183,5 +187,7 @@ class SchedulerRequestsMixin:
             self.allocator.clear()
             self.reserve_excess()
         self.send_to_tokenizer.send(
-            UpdateWeightFromDiskReqOutput(ok, text, msg.model_path, msg.load_format)
+            UpdateWeightFromDiskReqOutput(
+                ok, text, msg.model_path, msg.load_format, dp_rank=self.dp_rank
+            )
         )
