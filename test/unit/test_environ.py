@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang.srt.environ import EnvVar, all_env_vars, envs
+from sglang.srt.environ import THIRD_PARTY_VARIABLES, EnvVar, all_env_vars, envs
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "sglang"
 
@@ -74,7 +74,8 @@ def test_unknown_variable_is_an_attribute_error():
 
 def test_registry_names_match_attributes():
     for var in all_env_vars():
-        assert isinstance(var, EnvVar) and var.name.startswith("SGLANG_") and var.help
+        assert isinstance(var, EnvVar) and var.help
+        assert var.name.startswith("SGLANG_") or var.name in THIRD_PARTY_VARIABLES
         assert getattr(envs, var.name) is var
 
 

@@ -1,4 +1,5 @@
-"""Every SGLANG_* environment variable, typed, read when asked (never at import).
+"""Every SGLANG_* environment variable, typed, read when asked (never at import), and
+the few of other packages that our code reads (THIRD_PARTY_VARIABLES).
 
     from sglang.srt.environ import envs
     envs.SGLANG_LOG_LEVEL.get()          # typed value or the default
@@ -166,8 +167,21 @@ class Envs:
         "Seconds the launcher waits for a child process's ready message.",
     )
 
+    TRITON_INTERPRET = EnvVar(
+        "TRITON_INTERPRET",
+        "bool",
+        False,
+        "Triton's own switch: run Triton kernels in its interpreter on CPU tensors. Set at "
+        "process start (kernels are built when their module is imported), it lets "
+        "--attention-backend triton run on cpu, for correctness tests only (very slow).",
+    )
+
     def __iter__(self) -> Iterator[EnvVar]:
         return iter(all_env_vars())
+
+
+# Variables another package defines and reads itself; registered because we read them too
+THIRD_PARTY_VARIABLES = ("TRITON_INTERPRET",)
 
 
 def all_env_vars() -> list[EnvVar]:

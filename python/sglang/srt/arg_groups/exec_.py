@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from sglang.srt.arg_groups.arg_utils import arg
 
 ATTENTION_BACKEND_CHOICES = ("torch_native", "triton", "flashinfer")
-CUDA_ONLY_ATTENTION_BACKENDS = ("triton", "flashinfer")
 SAMPLING_BACKEND_CHOICES = ("pytorch", "flashinfer")
 KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 GRAMMAR_BACKEND_CHOICES = ("xgrammar", "outlines", "llguidance", "none")
@@ -33,8 +32,11 @@ class ExecKernelArgs:
 
     attention_backend: str | None = arg(
         None,
-        "Attention kernels. Default: torch_native on cpu; flashinfer on cuda if installed.",
+        "Attention kernels. Default: torch_native on cpu; triton on cuda (and ROCm) when "
+        "triton is importable, else torch_native.",
         choices=ATTENTION_BACKEND_CHOICES,
+        unsupported="a flashinfer attention backend",
+        unsupported_values=("flashinfer",),
     )
     sampling_backend: str | None = arg(
         None,

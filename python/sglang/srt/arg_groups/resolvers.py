@@ -122,9 +122,10 @@ def resolve_dtype(c: Any) -> Resolved:
 def resolve_attention_backend(c: Any) -> Resolved:
     if c.attention_backend is not None:
         return None
+    # only backends that exist and can run here: flashinfer once it is built
     backend = "torch_native"
-    if c.device == "cuda" and importlib.util.find_spec("flashinfer") is not None:
-        backend = "flashinfer"
+    if c.device == "cuda" and importlib.util.find_spec("triton") is not None:
+        backend = "triton"  # CUDA and ROCm (torch.version.hip) alike
     return "attention_backend_by_device", {"attention_backend": backend}
 
 

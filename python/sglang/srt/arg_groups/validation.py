@@ -10,11 +10,12 @@ logs, at resolution, each field set on a device its `noop_on=` names.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 from typing import Any
 
 from sglang.srt.arg_groups.arg_utils import flag_of, is_refused_value
-from sglang.srt.arg_groups.exec_ import CUDA_ONLY_ATTENTION_BACKENDS
+from sglang.srt.environ import envs
 
 logger = logging.getLogger(__name__)
 
@@ -84,13 +85,30 @@ def _check_topology(c: Any) -> None:
 
 
 def _check_backends(c: Any) -> None:
-    if c.device != "cpu":
+    """An explicit attention backend must be able to run on the device (flashinfer is
+    refused by its `unsupported_values` declaration)."""
+    if c.device == "auto":
         return
     for name in ("attention_backend", "speculative_draft_attention_backend"):
-        if getattr(c, name) in CUDA_ONLY_ATTENTION_BACKENDS:
-            raise ValueError(
-                f"{name}={getattr(c, name)!r} needs device cuda; on cpu use 'torch_native'"
-            )
+        if getattr(c, name) != "triton":
+            continue
+        reason = triton_unavailable_reason(c.device)
+        if reason is not None:
+            raise ValueError(f"{name}='triton' cannot run on {c.device}: {reason}")
+
+
+def triton_unavailable_reason(device: str) -> str | None:
+    """Why the triton attention backend cannot run on `device` here; None when it can."""
+    if device not in ("cpu", "cuda"):
+        return "it runs on cuda (and ROCm)"
+    if importlib.util.find_spec("triton") is None:
+        return "the triton package is not installed (pip install triton)"
+    if device == "cpu" and not envs.TRITON_INTERPRET.get():
+        return (
+            "it needs device cuda; on cpu its kernels run only in the Triton interpreter "
+            "(TRITON_INTERPRET=1, for tests: very slow), so use 'torch_native'"
+        )
+    return None
 
 
 def _shown(value: Any) -> str:

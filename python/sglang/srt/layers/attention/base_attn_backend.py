@@ -57,7 +57,7 @@ class AttentionBackend:
         raise NotImplementedError
 
 
-SUPPORTED_ATTENTION_BACKENDS = ("torch_native",)
+SUPPORTED_ATTENTION_BACKENDS = ("torch_native", "triton")
 
 
 def create_attention_backend(name: str | None, runner) -> AttentionBackend:
@@ -67,6 +67,10 @@ def create_attention_backend(name: str | None, runner) -> AttentionBackend:
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
         return TorchNativeAttnBackend(runner)
+    if name == "triton":
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        return TritonAttnBackend(runner)
     raise ValueError(
         f"unsupported attention backend {name!r}; supported: "
         f"{', '.join(SUPPORTED_ATTENTION_BACKENDS)}"

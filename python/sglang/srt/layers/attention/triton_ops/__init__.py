@@ -1,0 +1,1 @@
+"""Triton kernels of the triton attention backend (imported only by that backend)."""
