@@ -199,6 +199,11 @@ def test_disconnect_mid_stream_frees_request(server):
     assert state["available_kv_tokens"] == state["max_total_num_tokens"]
 
 
+def test_embeddings_on_a_generation_server_are_400(client):
+    with pytest.raises(openai.BadRequestError, match="--is-embedding"):
+        client.embeddings.create(model="tiny", input="x")
+
+
 def test_models_health_info_metrics(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     assert client.models.retrieve("tiny").id == "tiny"

@@ -61,6 +61,7 @@ class FakeTokenizerManager:
     aborted: set[str] = field(default_factory=set)
     running: set[str] = field(default_factory=set)
     config: dict[str, Any] = field(default_factory=lambda: {"model_path": "/models/fake"})
+    is_embedding: bool = False  # a generation model (embedding fakes override this)
 
     # --- generation -------------------------------------------------------------------
 

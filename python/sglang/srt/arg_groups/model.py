@@ -30,6 +30,11 @@ class ModelArgs:
         False, "Do not load a tokenizer; requests carry input_ids and return output_ids."
     )
     trust_remote_code: bool = arg(False, "Allow custom model code from the hub.")
+    is_embedding: bool = arg(
+        False,
+        "Serve the model as an embedding model (last-token pooling, L2-normalised): "
+        "/v1/embeddings and Engine.encode answer; generation requests are refused.",
+    )
     dtype: str = arg(
         "auto",
         "Weight and activation dtype. 'auto' takes config.json's dtype (float32 on cpu).",

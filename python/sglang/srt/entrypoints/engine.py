@@ -24,7 +24,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from sglang.srt.managers.forward_clock import ForwardClock, ForwardClocks
-from sglang.srt.managers.io_struct import ChildFailed, ChildReady, GenerateReqInput
+from sglang.srt.managers.io_struct import (
+    ChildFailed,
+    ChildReady,
+    EmbeddingReqInput,
+    GenerateReqInput,
+)
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.sampling.param_types import InvalidParamError, check_num_samples
@@ -339,10 +344,12 @@ class Engine:
         results = await self._arun(self._gather(reqs))
         return results if is_batch else results[0]
 
-    async def _gather(self, reqs: list[GenerateReqInput]) -> list[dict[str, Any]]:
-        """All outputs; when one request fails (or the caller cancels), the others are
-        cancelled, which aborts them in the scheduler, before the error propagates."""
-        tasks = [asyncio.ensure_future(self._one(r)) for r in reqs]
+    async def _gather(self, reqs: list[Any], one: Callable | None = None) -> list[dict[str, Any]]:
+        """All outputs (of `one`, default: a generation); when one request fails (or the
+        caller cancels), the others are cancelled, which aborts them in the scheduler,
+        before the error propagates."""
+        one = one or self._one
+        tasks = [asyncio.ensure_future(one(r)) for r in reqs]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
@@ -408,6 +415,32 @@ class Engine:
         finally:
             for task in tasks:
                 task.cancel()
+
+    # ------------------------------------------------------------------ encode
+
+    def encode(
+        self,
+        prompt: Any = None,
+        input_ids: Any = None,
+        dimensions: int | None = None,
+        rid: Any = None,
+    ) -> Any:
+        """Embeddings from an `--is-embedding` engine: {"embedding", "meta_info"} for one
+        prompt (text or ids), a list of them for a list; the requests batch together."""
+        reqs, is_batch = _embedding_requests(prompt, input_ids, dimensions, rid)
+        results = self._run(self._gather(reqs, self.tokenizer_manager.encode_request))
+        return results if is_batch else results[0]
+
+    async def async_encode(
+        self,
+        prompt: Any = None,
+        input_ids: Any = None,
+        dimensions: int | None = None,
+        rid: Any = None,
+    ) -> Any:
+        reqs, is_batch = _embedding_requests(prompt, input_ids, dimensions, rid)
+        results = await self._arun(self._gather(reqs, self.tokenizer_manager.encode_request))
+        return results if is_batch else results[0]
 
     # ------------------------------------------------------------------ control
 
@@ -507,6 +540,15 @@ def _build_requests(
                 )
             )
     return reqs, is_list or len(reqs) > 1
+
+
+def _embedding_requests(
+    prompt: Any, input_ids: Any, dimensions: int | None, rid: Any
+) -> tuple[list[EmbeddingReqInput], bool]:
+    items, is_list = _prompt_items(prompt, input_ids)
+    rids = _per_prompt(rid, len(items)) if rid is not None else [None] * len(items)
+    reqs = [EmbeddingReqInput(**item, rid=r, dimensions=dimensions) for item, r in zip(items, rids)]
+    return reqs, is_list
 
 
 def _split_samples(params: Any) -> tuple[dict[str, Any], int]:

@@ -34,15 +34,17 @@ from sglang.srt.entrypoints.openai.errors import APIError, install_error_handler
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
     ModelCard,
     ModelList,
 )
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from sglang.srt.entrypoints.openai.serving_native import GenerateRequest, NativeServing
 from sglang.srt.entrypoints.openapi_bodies import install_body_schemas
 from sglang.srt.environ import envs
-from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
 from sglang.srt.observability.metrics import ServerMetrics
 from sglang.srt.parser.chat_template import load_chat_template
 
@@ -76,6 +78,7 @@ class ServerState:
     chat: OpenAIServingChat
     completion: OpenAIServingCompletion
     native: NativeServing
+    embedding: OpenAIServingEmbedding
     metrics: ServerMetrics | None = None
     status: ServerStatus = ServerStatus.STARTING
     exit_code: int = 0
@@ -129,6 +132,12 @@ async def chat_completions(raw_request: Request) -> Response:
 async def completions(raw_request: Request) -> Response:
     request = await parse_body(raw_request, CompletionRequest)
     return await server_state(raw_request).completion.handle(request, raw_request)
+
+
+@router.post("/v1/embeddings")
+async def embeddings(raw_request: Request) -> Response:
+    request = await parse_body(raw_request, EmbeddingRequest)
+    return await server_state(raw_request).embedding.handle(request, raw_request)
 
 
 @router.post("/generate")
@@ -198,10 +207,14 @@ async def generate_one_token(tokenizer_manager: Any, timeout_s: float) -> None:
     params = {"max_new_tokens": 1, "temperature": 0.0}
     if tokenizer_manager.tokenizer is None:
         vocab_size = tokenizer_manager.model_config.vocab_size
-        ids = [i % vocab_size for i in WARMUP_INPUT_IDS]
-        obj = GenerateReqInput(input_ids=ids, sampling_params=params)
+        prompt = {"input_ids": [i % vocab_size for i in WARMUP_INPUT_IDS]}
     else:
-        obj = GenerateReqInput(text=WARMUP_PROMPT, sampling_params=params)
+        prompt = {"text": WARMUP_PROMPT}
+    if tokenizer_manager.is_embedding:  # an embedding server: one embedding instead
+        obj = EmbeddingReqInput(**prompt)
+        await _within(tokenizer_manager.encode_request(obj), obj.rid, tokenizer_manager, timeout_s)
+        return
+    obj = GenerateReqInput(**prompt, sampling_params=params)
 
     async def run() -> None:
         async for output in tokenizer_manager.generate_request(obj):
@@ -209,10 +222,14 @@ async def generate_one_token(tokenizer_manager: Any, timeout_s: float) -> None:
             if reason is not None and reason.get("type") == "abort":
                 raise RuntimeError(reason.get("message", "generation aborted"))
 
+    await _within(run(), obj.rid, tokenizer_manager, timeout_s)
+
+
+async def _within(coro: Any, rid: str, tokenizer_manager: Any, timeout_s: float) -> None:
     try:
-        await asyncio.wait_for(run(), timeout_s)
+        await asyncio.wait_for(coro, timeout_s)
     except asyncio.TimeoutError:
-        tokenizer_manager.abort_request(obj.rid)
+        tokenizer_manager.abort_request(rid)
         raise
 
 
@@ -240,7 +257,7 @@ def model_info(tokenizer_manager: Any) -> dict[str, Any]:
         "load_format": tm.config_value("load_format"),
         "served_model_name": tm.served_model_name,
         "context_length": tm.context_len,
-        "is_generation": True,
+        "is_generation": not tm.is_embedding,
     }
 
 
@@ -312,6 +329,7 @@ POST_BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/generate": GenerateRequest,
+    "/v1/embeddings": EmbeddingRequest,
     "/abort_request": AbortRequestBody,
     "/update_weights_from_disk": UpdateWeightsBody,
 }
@@ -330,6 +348,7 @@ def create_app(tokenizer_manager: Any) -> FastAPI:
         chat=OpenAIServingChat(tokenizer_manager, metrics, chat_template=template),
         completion=OpenAIServingCompletion(tokenizer_manager, metrics),
         native=NativeServing(tokenizer_manager, metrics),
+        embedding=OpenAIServingEmbedding(tokenizer_manager),
         metrics=metrics,
     )
     install_error_handlers(app)

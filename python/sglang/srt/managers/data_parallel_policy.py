@@ -144,7 +144,7 @@ def prefix_block_hashes(input_ids: list[int], block_size: int) -> list[int]:
 
 
 class PrefixAware(LoadBalancer):
-    def __init__(self, dp_size: int, block_size: int = 16, max_imbalance_reqs: int = 32) -> None:
+    def __init__(self, dp_size: int, block_size: int = 32, max_imbalance_reqs: int = 32) -> None:
         super().__init__(dp_size)
         self.block_size = block_size
         self.max_imbalance_reqs = max_imbalance_reqs

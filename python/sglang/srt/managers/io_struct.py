@@ -3,7 +3,8 @@
 Grouped by the process that receives them. Every message is plain picklable
 data (lists, ints, strings, small dataclasses); tensors never cross ZMQ.
 
-    TokenizerManager -> Scheduler : TokenizedGenerateReqInput, AbortReq,
+    TokenizerManager -> Scheduler : TokenizedGenerateReqInput,
+                                    TokenizedEmbeddingReqInput, AbortReq,
                                     FlushCacheReqInput, GetInternalStateReq,
                                     UpdateWeightFromDiskReqInput
     Scheduler -> Detokenizer       : BatchTokenIDOutput
@@ -49,6 +50,22 @@ class GenerateReqInput:
             self.sampling_params = {}
 
 
+@dataclass
+class EmbeddingReqInput:
+    """One embedding request (`--is-embedding` servers): a single prompt, text or ids."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    rid: str | None = None
+    # OpenAI's `dimensions`: cut the vector to this many values and renormalise
+    # (models that declare Matryoshka training only; see tokenizer_embedding.py)
+    dimensions: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rid is None:
+            self.rid = uuid.uuid4().hex
+
+
 # ----------------------------------------------------------------------------
 # Received by the scheduler
 # ----------------------------------------------------------------------------
@@ -65,6 +82,15 @@ class TokenizedGenerateReqInput:
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
     stream: bool = False
+
+
+@dataclass
+class TokenizedEmbeddingReqInput:
+    """An embedding request: one prefill, then it finishes with its pooled vector."""
+
+    rid: str
+    input_text: str | None
+    input_ids: list[int]
 
 
 @dataclass
@@ -179,6 +205,8 @@ class BatchTokenIDOutput:
     output_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
     input_token_logprobs: list[list[tuple[float | None, int]]] | None = None
     input_top_logprobs: list[list[list[tuple[float, int]] | None]] | None = None
+    # embedding servers: each finished request's pooled vector (float32 values, L2-normalised)
+    embeddings: list[list[float] | None] | None = None
 
 
 # ----------------------------------------------------------------------------
@@ -207,6 +235,7 @@ class BatchStrOutput:
     output_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
     input_token_logprobs: list[list[tuple[float | None, int]]] | None = None
     input_top_logprobs: list[list[list[tuple[float, int]] | None]] | None = None
+    embeddings: list[list[float] | None] | None = None
 
     @classmethod
     def from_token_output(cls, msg: BatchTokenIDOutput, new_texts: list[str]) -> BatchStrOutput:

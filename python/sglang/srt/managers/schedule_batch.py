@@ -96,6 +96,8 @@ class Req:
         self.draft_kv_len = 0
         self.draft_round_base: int | None = None
         self.ngram_index: Any = None  # NGRAM: speculative.ngram.NgramIndex of all_ids()
+        # embedding servers: the pooled vector, once the whole prompt is prefilled
+        self.embedding: list[float] | None = None
 
     def all_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids

@@ -23,6 +23,7 @@ from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch, finish_abort
 from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy
 from sglang.srt.managers.scheduler_parts.admission import SchedulerAdmissionMixin
+from sglang.srt.managers.scheduler_parts.embedding import SchedulerEmbeddingMixin
 from sglang.srt.managers.scheduler_parts.faults import SchedulerFaultsMixin
 from sglang.srt.managers.scheduler_parts.grammar import SchedulerGrammarMixin
 from sglang.srt.managers.scheduler_parts.load_report import NullLoadReporter
@@ -62,6 +63,7 @@ class Scheduler(
     SchedulerFaultsMixin,
     SchedulerGrammarMixin,
     SchedulerSpeculativeMixin,
+    SchedulerEmbeddingMixin,
 ):
     def __init__(
         self,
@@ -86,6 +88,7 @@ class Scheduler(
         self._init_memory()
         self._init_state()
         self._init_speculative(model_config)
+        self._init_embedding()
         features = get_exec().features
         self._init_grammar(
             features.grammar_backend,
@@ -287,6 +290,8 @@ class Scheduler(
 
     def run_batch(self, batch: PrefillBatch | DecodeStep | VerifyStep) -> Any:
         if isinstance(batch, PrefillBatch):
+            if self.is_embedding:
+                return self.run_embedding_batch(batch)
             info = self._with_grammar_mask(self._sampling_info(batch.reqs), batch.reqs)
             return self.forward(batch.reqs, batch.to_worker_batch(info))
         info = self.running.cached_sampling_info()
@@ -321,7 +326,10 @@ class Scheduler(
 
     def process_batch_result(self, batch: PrefillBatch | DecodeStep, result: Any) -> None:
         if isinstance(batch, PrefillBatch):
-            self.process_prefill_result(batch, result)
+            if self.is_embedding:
+                self.process_embedding_result(batch, result)
+            else:
+                self.process_prefill_result(batch, result)
             return
         if isinstance(batch, VerifyStep):
             self.process_verify_result(batch, result)

@@ -41,6 +41,7 @@ from sglang.srt.managers.request_errors import (
     error_of_finish,
     internal_error_reason,
 )
+from sglang.srt.managers.tokenizer_embedding import TokenizerEmbeddingMixin
 from sglang.srt.sampling.param_types import (
     MAX_TOP_LOGPROBS_NUM,
     Flag,
@@ -92,9 +93,10 @@ class ReqState:
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[Any] = field(default_factory=list)
     error: str | None = None
+    embedding: list[float] | None = None  # embedding requests: the pooled vector
 
 
-class TokenizerManager:
+class TokenizerManager(TokenizerEmbeddingMixin):
     def __init__(self, server_args: Any, port_args: Any, ready_info: dict[str, Any] | None = None):
         from sglang.srt.runtime_context import publish
 
@@ -187,6 +189,7 @@ class TokenizerManager:
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
         """One request; yields cumulative dicts, the last with finish_reason set."""
         self._check_alive()
+        self.check_serves_generation()
         self._ensure_handle_loop()
         tokenized = await self._tokenize_off_loop(obj)
         state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
@@ -425,6 +428,8 @@ class TokenizerManager:
             state.spec_verify_ct = msg.spec_verify_ct[i]
         if msg.output_token_logprobs is not None:
             self._absorb_logprobs(state, msg, i)
+        if msg.embeddings is not None:
+            state.embedding = msg.embeddings[i]
         state.finished_reason = reason = msg.finished_reasons[i]
         if reason is not None and reason.get("origin") == "detokenizer":
             self.abort_request(msg.rids[i])  # the scheduler still runs it

@@ -15,6 +15,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import SampleOutput
 from sglang.srt.model_executor.forward_batch_info import (
+    EmbeddingBatchResult,
     ForwardBatch,
     GenerationBatchResult,
     ModelWorkerBatch,
@@ -82,6 +83,24 @@ class TpModelWorker:
         logits_output = self.model_runner.forward(forward_batch)
         sample = self.model_runner.sample(logits_output, forward_batch)
         return _to_result(sample, logits_output, batch.return_logprob)
+
+    @torch.inference_mode()
+    def forward_batch_embedding(self, batch: ModelWorkerBatch) -> EmbeddingBatchResult:
+        """Run one prefill (EXTEND) step and pool each request's last hidden state."""
+        forward_batch = ForwardBatch.init_new(batch, self.model_runner)
+        out = self.model_runner.model.forward(
+            forward_batch.input_ids, forward_batch.positions, forward_batch, get_embedding=True
+        )
+        return EmbeddingBatchResult(embeddings=out.embeddings.cpu().tolist())
+
+    def check_can_embed(self) -> None:
+        """Refuse (at launch) a model class without a pooling path."""
+        if getattr(self.model_runner.model, "pooler", None) is None:
+            raise ValueError(
+                f"--is-embedding: {self.model_config.architecture} has no embedding "
+                "(pooling) path; embedding serving covers the Llama, Qwen2 and Qwen3 "
+                "families"
+            )
 
     @torch.inference_mode()
     def forward_batch_verify(

@@ -84,6 +84,15 @@ class GenerationBatchResult:
 
 
 @dataclass
+class EmbeddingBatchResult:
+    """What one embedding forward returns: per request, its pooled vector (float32,
+    L2-normalised); for a request whose prefill is not finished (a chunk), the last
+    chunk token's, which the scheduler ignores."""
+
+    embeddings: list[list[float]]
+
+
+@dataclass
 class ForwardBatch:
     """A batch on the runner's device, as the model and attention backend see it."""
 

@@ -348,6 +348,45 @@ class ChatCompletionStreamResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
+# --- /v1/embeddings ------------------------------------------------------------------------
+
+# OpenAI's input: a text, texts, token ids, or lists of token ids (strict: no "5" for 5).
+EmbeddingInput = Union[
+    strict(str, min_length=1),
+    list[strict(str, min_length=1)],
+    list[NonNegInt],
+    list[list[NonNegInt]],
+]
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: strict(str)
+    input: EmbeddingInput
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: strict(int, ge=1) | None = None
+    user: strict(str) | None = None
+    rid: RequestId | None = None  # SGLang extra: the request id (one input), or its base
+
+
+class EmbeddingObject(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # base64: the float32 little-endian bytes
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingObject]
+    model: str
+    usage: EmbeddingUsage
+
+
 # --- /v1/models ----------------------------------------------------------------------------
 
 

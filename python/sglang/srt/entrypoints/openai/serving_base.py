@@ -81,6 +81,18 @@ def plan_choices(
     return [(k // n, for_choice(params, k % n), rid) for k, rid in enumerate(rids)]
 
 
+def check_model_name(tokenizer_manager: Any, model: str) -> None:
+    """404 unless `model` is the served model's name (or an alias of it)."""
+    served = tokenizer_manager.served_model_name
+    if model != served and model not in MODEL_ALIASES:
+        raise APIError(
+            f"The model `{model}` does not exist (this server serves `{served}`).",
+            404,
+            param="model",
+            code="model_not_found",
+        )
+
+
 def prompt_fields(prompt: str | list[int]) -> dict[str, Any]:
     """A text or token-id prompt as GenerateReqInput's `text` or `input_ids`."""
     return {"text": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
@@ -160,14 +172,7 @@ class OpenAIServingBase(ABC):
         return JSONResponse(body.model_dump())
 
     def check_model(self, model: str) -> None:
-        served = self.tokenizer_manager.served_model_name
-        if model != served and model not in MODEL_ALIASES:
-            raise APIError(
-                f"The model `{model}` does not exist (this server serves `{served}`).",
-                404,
-                param="model",
-                code="model_not_found",
-            )
+        check_model_name(self.tokenizer_manager, model)
 
     def _choice_params(self, request: SamplingFields, max_new_tokens: int | None) -> dict[str, Any]:
         """Check the sampling fields against the limits and the vocab; the per-choice dict."""

@@ -25,7 +25,10 @@ from sglang.srt.managers.fault_injection import FaultInjector, is_fatal
 from sglang.srt.managers.request_errors import internal_error_reason
 from sglang.srt.managers.schedule_batch import PrefillBatch, RunningBatch
 from sglang.srt.managers.scheduler_parts.speculative import VerifyStep
-from sglang.srt.model_executor.forward_batch_info import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import (
+    EmbeddingBatchResult,
+    GenerationBatchResult,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -33,9 +36,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def merge_results(results: list[GenerationBatchResult]) -> GenerationBatchResult:
+def merge_results(results: list[Any]) -> GenerationBatchResult | EmbeddingBatchResult:
     """Single-request results, concatenated in order (entries of requests that did
     not ask for a field are placeholders that nobody reads)."""
+    if isinstance(results[0], EmbeddingBatchResult):
+        return EmbeddingBatchResult([e for r in results for e in r.embeddings])
 
     def cat(name: str, empty: Any) -> list[Any] | None:
         parts = [getattr(r, name) for r in results]
@@ -65,6 +70,8 @@ class SchedulerFaultsMixin:
     def forward(self, reqs: list[Req], worker_batch: Any) -> GenerationBatchResult:
         """The one place a batch meets the model (and the fault hook)."""
         self.fault_injector.check("forward", [r.rid for r in reqs])
+        if self.is_embedding:
+            return self.tp_worker.forward_batch_embedding(worker_batch)
         return self.tp_worker.forward_batch_generation(worker_batch)
 
     def run_contained(self, batch: Any) -> None:

@@ -14,6 +14,7 @@ from sglang.srt.managers.io_struct import (
     FlushCacheReqOutput,
     GetInternalStateReq,
     GetInternalStateReqOutput,
+    TokenizedEmbeddingReqInput,
     TokenizedGenerateReqInput,
     UpdateWeightFromDiskReqInput,
     UpdateWeightFromDiskReqOutput,
@@ -55,7 +56,8 @@ class SchedulerRequestsMixin:
 
     def _reject(self, msg: Any, exc: Exception) -> None:
         """A new request whose message could not be handled ends with the error."""
-        if isinstance(msg, TokenizedGenerateReqInput) and isinstance(msg.rid, str):
+        new_request = (TokenizedGenerateReqInput, TokenizedEmbeddingReqInput)
+        if isinstance(msg, new_request) and isinstance(msg.rid, str):
             req = Req(msg.rid, [], SamplingParams())
             req.finished_reason = internal_error_reason(exc)
             self.pending_outputs.append(req)
@@ -63,6 +65,7 @@ class SchedulerRequestsMixin:
     def _handlers(self) -> dict[type, Any]:
         return {
             TokenizedGenerateReqInput: self.handle_generate,
+            TokenizedEmbeddingReqInput: self.handle_embedding,
             AbortReq: self.handle_abort,
             FlushCacheReqInput: self.handle_flush_cache,
             GetInternalStateReq: self.handle_get_internal_state,
@@ -83,14 +86,20 @@ class SchedulerRequestsMixin:
         )
         if msg.sampling_params.max_new_tokens is None:
             req.max_new_tokens = self.context_len - len(req.origin_input_ids)
-        limit = self.max_queued_requests
-        if limit is not None and len(self.waiting_queue) + self.num_grammar_waiting() >= limit:
-            text = f"The request queue is full (max_queued_requests={limit}); retry later."
-            req.finished_reason = finish_abort(text, status_code=OVERLOADED_STATUS)
-            self.pending_outputs.append(req)
+        if self.refuse_if_queue_full(req):
             return
         if not self.submit_if_constrained(req):
             self.waiting_queue.append(req)
+
+    def refuse_if_queue_full(self, req: Req) -> bool:
+        """With --max-queued-requests reached, `req` ends at once (429); True if so."""
+        limit = self.max_queued_requests
+        if limit is None or len(self.waiting_queue) + self.num_grammar_waiting() < limit:
+            return False
+        text = f"The request queue is full (max_queued_requests={limit}); retry later."
+        req.finished_reason = finish_abort(text, status_code=OVERLOADED_STATUS)
+        self.pending_outputs.append(req)
+        return True
 
     def handle_abort(self, msg: AbortReq) -> None:
         compiling = self.remove_grammar_waiting(msg.rid)

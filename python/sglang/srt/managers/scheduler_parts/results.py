@@ -207,6 +207,7 @@ class SchedulerResultsMixin:
             msg.spec_verify_ct = [r.spec_verify_ct for r in reqs]
         if any(r.logprobs is not None for r in reqs):
             _attach_logprobs(msg, reqs)
+        self.attach_embeddings(msg, reqs)
         for req in reqs:
             req.send_offset = len(req.output_ids)
         self.send_to_detokenizer.send(msg)
