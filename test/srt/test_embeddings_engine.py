@@ -1,13 +1,17 @@
-"""Engine.encode on an `--is-embedding` Engine (tiny Qwen3, radix cache off, chunks of 8),
-against HF's last hidden state at the last token, L2-normalised."""
+"""Engine.encode on an `--is-embedding` Engine, against HF's last hidden state at the last
+token, L2-normalised. The Engine serves the tiny Qwen3 saved headless, as Qwen3-Embedding
+ships (the base model's tensors without `model.`, no lm_head), with the radix cache off
+and chunks of 8 tokens; HF runs the original checkpoint."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoTokenizer
 
 from sglang.srt.sampling.param_types import InvalidParamError
@@ -20,11 +24,22 @@ PROMPTS = ["import os", "def add(a, b):\n    return a + b\n", "while True:\n    
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_qwen3_dir):
+def headless_dir(tiny_qwen3_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-qwen3-headless") / "model"
+    shutil.copytree(tiny_qwen3_dir, path, ignore=shutil.ignore_patterns("*.safetensors*"))
+    tensors = load_file(tiny_qwen3_dir / "model.safetensors")
+    assert "lm_head.weight" in tensors  # untied: the headless copy really lacks a head
+    base = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    save_file(base, path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(headless_dir):
     import sglang as sgl
 
     llm = sgl.Engine(
-        model_path=str(tiny_qwen3_dir),
+        model_path=str(headless_dir),
         is_embedding=True,
         disable_radix_cache=True,
         chunked_prefill_size=8,

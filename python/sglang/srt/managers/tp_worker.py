@@ -93,6 +93,14 @@ class TpModelWorker:
         )
         return EmbeddingBatchResult(embeddings=out.embeddings.cpu().tolist())
 
+    def check_can_generate(self) -> None:
+        """Refuse (at launch) to generate with a checkpoint that has no lm_head."""
+        if getattr(self.model_runner.model, "has_lm_head", True) is False:
+            raise ValueError(
+                "the checkpoint has no lm_head weights (an embedding model's checkpoint): "
+                "serve it with --is-embedding"
+            )
+
     def check_can_embed(self) -> None:
         """Refuse (at launch) a model class without a pooling path."""
         if getattr(self.model_runner.model, "pooler", None) is None:

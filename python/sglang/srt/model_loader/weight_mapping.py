@@ -28,8 +28,10 @@ def load_stacked_weights(
     stacked_params_mapping: list[tuple[str, str, object]],
     tied_embeddings: bool = False,
     expert_params_mapping: dict[str, tuple[str, int | None]] | None = None,
-) -> None:
-    """Load `weights` into `model`; raise naming any unknown tensor or unloaded parameter.
+    optional: tuple[str, ...] = (),
+) -> set[str]:
+    """Load `weights` into `model`; raise naming any unknown tensor or unloaded parameter
+    (the parameters named in `optional` may stay unloaded). Returns the loaded names.
 
     `expert_params_mapping` maps a per-expert checkpoint projection name to (stacked
     expert parameter, part): `experts.3.up_proj.weight` -> `experts.gate_up_proj`
@@ -51,12 +53,13 @@ def load_stacked_weights(
         except ValueError as e:
             raise ValueError(f"cannot load checkpoint tensor {name!r}: {e}") from e
         loaded.add(param_name)
-    missing = sorted(set(params) - loaded)
+    missing = sorted(set(params) - loaded - set(optional))
     if missing:
         raise ValueError(
             f"checkpoint is missing weights for: {', '.join(missing[:8])}"
             + (" ..." if len(missing) > 8 else "")
         )
+    return loaded
 
 
 def _map_name(name: str, mapping: list[tuple[str, str, object]]) -> tuple[str, object]:

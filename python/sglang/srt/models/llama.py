@@ -202,13 +202,28 @@ class LlamaForCausalLM(nn.Module):
         return self.logits_processor(hidden_states, self.lm_head, forward_batch)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors into the (stacked, TP-sharded) parameters."""
-        load_stacked_weights(
+        """Copy checkpoint tensors into the (stacked, TP-sharded) parameters.
+
+        A headless checkpoint (the base model's tensors without the `model.` prefix and
+        no lm_head, as embedding checkpoints such as Qwen3-Embedding are saved) loads
+        too; `has_lm_head` then says whether it can generate."""
+        loaded = load_stacked_weights(
             self,
-            weights,
+            _with_model_prefix(weights),
             self.stacked_params_mapping,
             tied_embeddings=self.config.tie_word_embeddings,
+            optional=("lm_head.weight",),
         )
+        self.has_lm_head = self.config.tie_word_embeddings or "lm_head.weight" in loaded
+
+
+def _with_model_prefix(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> Iterable[tuple[str, torch.Tensor]]:
+    for name, tensor in weights:
+        if not name.startswith(("model.", "lm_head.")):
+            name = "model." + name
+        yield name, tensor
 
 
 EntryClass = [LlamaForCausalLM]

@@ -38,6 +38,8 @@ class SchedulerEmbeddingMixin:
         self.is_embedding = bool(get_model().is_embedding)
         if self.is_embedding:
             self.tp_worker.check_can_embed()
+        else:
+            self.tp_worker.check_can_generate()
 
     def handle_embedding(self, msg: TokenizedEmbeddingReqInput) -> None:
         req = Req(msg.rid, list(msg.input_ids), SamplingParams(max_new_tokens=0))
