@@ -250,6 +250,8 @@ def test_speculative_flags_checked_naming_the_field():
         cpu_args(speculative_algorithm="NGRAM", speculative_draft_model_path="/tmp").resolve_once()
     with pytest.raises(ValueError, match="page_size=4 is not supported yet"):
         cpu_args(speculative_algorithm="NGRAM", page_size=4).resolve_once()
+    with pytest.raises(ValueError, match="not accepted with is_embedding"):
+        cpu_args(speculative_algorithm="NGRAM", is_embedding=True).resolve_once()
     with pytest.raises(ValueError, match="min <= max"):
         cpu_args(speculative_algorithm="NGRAM", speculative_ngram_min_match_window_size=5,
                  speculative_ngram_max_match_window_size=2).resolve_once()  # fmt: skip

@@ -188,6 +188,11 @@ def _check_speculative(c: Any) -> None:
     algo = c.speculative_algorithm
     if algo is None:
         return
+    if c.is_embedding:
+        raise ValueError(
+            f"speculative_algorithm={algo!r} is not accepted with is_embedding: an embedding "
+            "server only prefills (nothing to draft)"
+        )
     if c.speculative_eagle_topk not in (None, 1):
         raise ValueError(
             f"speculative_eagle_topk={c.speculative_eagle_topk} is not supported yet "
