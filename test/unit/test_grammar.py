@@ -21,7 +21,7 @@ from sglang.srt.constrained.base import (
     key_of,
 )
 from sglang.srt.constrained.grammar_manager import GrammarManager
-from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
+from sglang.srt.constrained.xgrammar_backend import MAX_JSON_WHITESPACE, XGrammarBackend
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.sampling.param_types import InvalidParamError
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -231,3 +231,21 @@ def test_mask_covers_constrained_rows_only_in_the_sampler(backend, tokenizer):
         assert ids[0] == int(logits[0].argmax()) and ids[2] == int(logits[2].argmax())
         assert "hello".startswith(tokenizer.decode([ids[1]]))  # the regex allows no other
     manager.shutdown()
+
+
+def test_free_json_whitespace_is_bounded(tokenizer):
+    """With free whitespace on (the default), a run between JSON tokens is capped, so a weak
+    model cannot spend its whole output on newlines; compact mode allows none."""
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    loose = XGrammarBackend(tokenizer, MODEL_VOCAB, [eos], any_whitespace=True)
+    grammar = loose.new_grammar(loose.compile(GrammarKey("json_schema", json.dumps(SCHEMA))))
+    (brace,) = tokenizer.encode("{")
+    (newline,) = tokenizer.encode("\n")
+    assert grammar.accept_token(brace)
+    accepted = 0
+    while accepted <= MAX_JSON_WHITESPACE and grammar.accept_token(newline):
+        accepted += 1
+    assert accepted == MAX_JSON_WHITESPACE
+    compact = XGrammarBackend(tokenizer, MODEL_VOCAB, [eos], any_whitespace=False)
+    strict = compact.new_grammar(compact.compile(GrammarKey("json_schema", json.dumps(SCHEMA))))
+    assert strict.accept_token(brace) and not strict.accept_token(newline)

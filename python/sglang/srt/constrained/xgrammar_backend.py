@@ -26,6 +26,12 @@ from sglang.srt.constrained.base import (
 )
 
 
+# Longest whitespace run allowed between JSON tokens (with free whitespace on): room for
+# pretty-printing several levels deep, yet a weak model cannot fill its whole output
+# with newlines (unbounded, the demo model did, until max_tokens).
+MAX_JSON_WHITESPACE = 16
+
+
 class XGrammarGrammar(Grammar):
     def __init__(self, matcher: xgr.GrammarMatcher) -> None:
         self.matcher = matcher
@@ -77,6 +83,7 @@ class XGrammarBackend(GrammarBackend):
             return self.compiler.compile_json_schema(
                 key.text,
                 any_whitespace=self.any_whitespace,
+                max_whitespace_cnt=MAX_JSON_WHITESPACE if self.any_whitespace else None,
                 strict_mode=key.text != ANY_JSON_OBJECT,
             )
         if key.kind == REGEX:
