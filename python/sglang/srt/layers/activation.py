@@ -6,11 +6,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers import triton_ops
+
 
 class SiluAndMul(nn.Module):
     """x: [T, 2 * d] laid out as [gate | up] -> silu(gate) * up: [T, d]."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if triton_ops.fused_ops_enabled(x):
+            from sglang.srt.layers.triton_ops.activation import act_and_mul
+
+            return act_and_mul(x, "silu")
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
 
@@ -23,5 +29,9 @@ class GeluAndMul(nn.Module):
         self.approximate = approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if triton_ops.fused_ops_enabled(x) and self.approximate in ("tanh", "none"):
+            from sglang.srt.layers.triton_ops.activation import act_and_mul
+
+            return act_and_mul(x, "gelu_tanh" if self.approximate == "tanh" else "gelu")
         d = x.shape[-1] // 2
         return F.gelu(x[..., :d], approximate=self.approximate) * x[..., d:]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang.srt.layers import triton_ops
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -16,10 +18,19 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x: [T, H]. With `residual`, returns (norm(x + residual), x + residual)."""
+        if triton_ops.fused_ops_enabled(x):
+            return self._forward_triton(x, residual)
         if residual is not None:
             x = x + residual
             return self._norm(x), x
         return self._norm(x)
+
+    def _forward_triton(self, x: torch.Tensor, residual: torch.Tensor | None):
+        from sglang.srt.layers.triton_ops import rmsnorm
+
+        if residual is None:
+            return rmsnorm.rms_norm(x, self.weight, self.variance_epsilon)
+        return rmsnorm.fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # HF's formula op for op (float32 statistics, cast back before the weight);
@@ -39,6 +50,10 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., H] -> [..., H]."""
+        if triton_ops.fused_ops_enabled(x):
+            from sglang.srt.layers.triton_ops import rmsnorm
+
+            return rmsnorm.gemma_rms_norm(x, self.weight, self.variance_epsilon)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
         return (h * (1.0 + self.weight.float())).to(x.dtype)

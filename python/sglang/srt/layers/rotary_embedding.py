@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from sglang.srt.layers import triton_ops
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
 
@@ -32,7 +34,10 @@ class RotaryEmbedding(nn.Module):
 
     def prepare(self, positions: torch.Tensor) -> None:
         """Build cos / sin for this forward's positions (int64[T]); the model calls it once
-        per forward, before its layers, so every layer reuses them."""
+        per forward, before its layers, so every layer reuses them (the Triton kernel
+        reads the caches itself)."""
+        if triton_ops.fused_ops_enabled(positions):
+            return
         cos = self.cos_cache.index_select(0, positions).unsqueeze(1)  # [T, 1, rot / 2]
         sin = self.sin_cache.index_select(0, positions).unsqueeze(1)
         # with the halves swapped by roll, x * cos + roll(x) * sin_signed is HF's
@@ -48,13 +53,23 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions: int64[T]; q: [T, Hq * D]; k: [T, Hkv * D] -> rotated (q, k)."""
+        if triton_ops.fused_ops_enabled(q):
+            q_rot, k_rot = self._rotate_triton(positions, q), self._rotate_triton(positions, k)
+            return q_rot.view(q.shape), k_rot.view(k.shape)
         cos, sin = self._cos_sin(positions, q.dtype)
         return self._rotate(q, cos, sin).view(q.shape), self._rotate(k, cos, sin).view(k.shape)
 
     def rotate_heads(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H * D] (any heads, e.g. q and k side by side) -> rotated [T, H, D]."""
+        if triton_ops.fused_ops_enabled(x):
+            return self._rotate_triton(positions, x)
         cos, sin = self._cos_sin(positions, x.dtype)
         return self._rotate(x, cos, sin)
+
+    def _rotate_triton(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        from sglang.srt.layers.triton_ops.rotary import rotary_neox
+
+        return rotary_neox(positions, x, self.cos_cache, self.sin_cache, self.head_dim)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x.view(x.shape[0], -1, self.head_dim)  # [T, H, D]
