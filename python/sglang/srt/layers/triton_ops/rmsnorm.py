@@ -54,9 +54,11 @@ def _launch(x, weight, eps, residual, gemma, out_dtype):
         res_rows = _rows(residual)
         res_out = torch.empty_like(rows, memory_format=torch.contiguous_format)
     if n > 0:
+        block = triton.next_power_of_2(hidden)
         _rmsnorm_kernel[(n,)](
             rows, res_rows, weight, out, res_out, rows.stride(0), res_rows.stride(0),
-            hidden, eps, residual is not None, gemma, triton.next_power_of_2(hidden),
+            hidden, eps, residual is not None, gemma, block,
+            num_warps=min(max(block // 256, 1), 8),  # one row per program: wide rows, more warps
         )  # fmt: skip
     return out.view(x.shape), res_out.view(x.shape)
 
