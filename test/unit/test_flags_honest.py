@@ -202,7 +202,7 @@ def test_the_refusals_the_issue_names_are_declared():
         "enable_lora", "lora_paths", "max_loras_per_batch", "disaggregation_mode",
         "enable_multimodal", "enable_torch_compile", "cuda_graph_max_bs", "sampling_backend",
         "enable_dp_attention", "tokenizer_mode", "show_time_cost",
-        "speculative_algorithm", "grammar_backend", "pp_size", "nnodes",
+        "speculative_algorithm", "grammar_backend", "pp_size",
     }  # fmt: skip
     assert named <= refused, sorted(named - refused)
 

@@ -167,6 +167,15 @@ class Envs:
         "Seconds the launcher waits for a child process's ready message.",
     )
 
+    SGLANG_DIST_TIMEOUT = EnvVar(
+        "SGLANG_DIST_TIMEOUT",
+        "float",
+        300.0,
+        "Seconds a tensor-parallel collective waits for its peers (gloo/nccl timeout). "
+        "A rank whose process exits fails its peers' collective at once; a rank that "
+        "stops answering (a node lost from the network) fails it after this long.",
+    )
+
     TRITON_INTERPRET = EnvVar(
         "TRITON_INTERPRET",
         "bool",

@@ -47,11 +47,15 @@ class ParallelArgs:
         "whole experts instead of a slice of every expert.",
     )
     nnodes: int = arg(
-        1, "Number of nodes the ranks are spread over.", unsupported="multi-node serving"
+        1,
+        "Number of nodes the TP ranks are spread over (tp_size/nnodes ranks per node); "
+        "needs --dist-init-addr. Node 0 serves HTTP, the others run scheduler ranks only.",
     )
-    node_rank: int = arg(0, "Rank of this node, 0-based.", unsupported="multi-node serving")
+    node_rank: int = arg(0, "Rank of this node, 0-based (0 serves HTTP).")
     dist_init_addr: str | None = arg(
-        None, "host:port of the torch.distributed rendezvous (multi-node)."
+        None,
+        "host:port of the torch.distributed rendezvous (required with --nnodes > 1: "
+        "node 0's address, reachable from every node).",
     )
     enable_dp_attention: bool = arg(
         False,
@@ -74,3 +78,9 @@ class ParallelArgs:
     attn_dcp_size = Derived(
         fn=lambda c: c.decode_context_parallel_size, help="Decode context-parallel width."
     )
+
+
+def node_tp_ranks(tp_size: int, nnodes: int, node_rank: int) -> range:
+    """The TP ranks node `node_rank` runs: a contiguous block, rank 0 on node 0."""
+    per_node = tp_size // nnodes
+    return range(node_rank * per_node, (node_rank + 1) * per_node)

@@ -72,6 +72,8 @@ def _check_ranges(c: Any) -> None:
 def _check_topology(c: Any) -> None:
     if c.node_rank >= c.nnodes:
         raise ValueError(f"node_rank={c.node_rank} is not accepted; it must be < nnodes={c.nnodes}")
+    if c.nnodes > 1:
+        _check_multi_node(c)
     if c.ep_size not in (1, c.tp_size):
         raise ValueError(
             f"ep_size={c.ep_size} is not accepted; use 1 or tp_size={c.tp_size} "
@@ -81,6 +83,24 @@ def _check_topology(c: Any) -> None:
         raise ValueError(
             f"dp_size={c.dp_size} is not accepted with enable_dp_attention; "
             f"it must divide tp_size={c.tp_size}"
+        )
+
+
+def _check_multi_node(c: Any) -> None:
+    if c.tp_size % c.nnodes:
+        raise ValueError(
+            f"nnodes={c.nnodes} is not accepted with tp_size={c.tp_size}: each node runs "
+            "tp_size/nnodes TP ranks, so nnodes must divide tp_size"
+        )
+    if not c.dist_init_addr:
+        raise ValueError(
+            f"nnodes={c.nnodes} needs dist_init_addr (--dist-init-addr host:port): the "
+            "torch.distributed rendezvous on node 0 that every node's ranks join"
+        )
+    if c.dp_size > 1:
+        raise ValueError(
+            f"dp_size={c.dp_size} is not supported yet with nnodes={c.nnodes} (issue: "
+            "data parallelism across nodes); use --dp-size 1 (tensor parallelism across nodes)"
         )
 
 

@@ -91,8 +91,17 @@ def init_distributed_environment(
     distributed_init_method: str = "tcp://127.0.0.1:29500",
     local_rank: int = 0,
     backend: str = "gloo",
+    timeout_s: float | None = None,
 ) -> None:
-    """Join the default process group (idempotent within a process)."""
+    """Join the default process group (idempotent within a process).
+
+    `timeout_s` bounds every collective of this group and of the groups built after
+    it: a peer that stops answering (a lost node) fails the collective then. A peer
+    process that exits fails it at once (its sockets close).
+    """
+    global _TIMEOUT
+    import datetime
+
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -101,16 +110,28 @@ def init_distributed_environment(
         import torch
 
         torch.cuda.set_device(local_rank)
+    _TIMEOUT = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(
-        backend=backend, init_method=distributed_init_method, world_size=world_size, rank=rank
+        backend=backend,
+        init_method=distributed_init_method,
+        world_size=world_size,
+        rank=rank,
+        timeout=_TIMEOUT,
     )
+
+
+_TIMEOUT: Any = None  # the collectives' timeout (a timedelta) set at init, for new groups
 
 
 def _new_group(ranks: list[int], backend: str | None) -> tuple[Any, Any]:
     import torch.distributed as dist
 
-    device_group = dist.new_group(ranks, backend=backend)
-    cpu_group = device_group if backend in (None, "gloo") else dist.new_group(ranks, "gloo")
+    device_group = dist.new_group(ranks, backend=backend, timeout=_TIMEOUT)
+    cpu_group = (
+        device_group
+        if backend in (None, "gloo")
+        else dist.new_group(ranks, backend="gloo", timeout=_TIMEOUT)
+    )
     return device_group, cpu_group
 
 

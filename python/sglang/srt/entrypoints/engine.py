@@ -100,6 +100,15 @@ class ChildProcesses:
             except Exception:  # a callback must not kill the watchdog's report
                 logger.exception("watchdog callback failed")
 
+    def wait_until_one_exits(self) -> str:
+        """Block until a child exits (none is expected to); the death message."""
+        while True:
+            for role, proc in self.procs:
+                if not proc.is_alive():
+                    self._report_death(role, proc)
+                    return self.dead_message or ""
+            time.sleep(WATCHDOG_POLL_S)
+
     def shutdown(self) -> None:
         """Stop every child (SIGTERM, then SIGKILL); idempotent."""
         self._stop.set()
@@ -175,9 +184,14 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
     from sglang.srt.parser.chat_template import resolve_auto_parsers
     from sglang.srt.server_args import resolution_result
 
-    # Unsupported topologies (pp_size, nnodes > 1) are refused when the
-    # ServerArgs is built or resolved (arg_groups: unsupported=...), not here.
+    # Unsupported topologies (pp_size, dp_size > 1 with nnodes > 1) are refused when
+    # the ServerArgs is built or resolved (arg_groups), not here.
     server_args.resolve_once()
+    if int(resolution_result(server_args, "node_rank")) > 0:
+        raise ValueError(
+            "node_rank > 0 runs scheduler ranks only (launch_server serves them with "
+            "run_worker_node); the Engine and the HTTP server run on node 0"
+        )
     # Parsers detected from the chat template: decided before the children fork, so
     # they inherit them; the caller's ServerArgs stays as it was.
     server_args = resolve_auto_parsers(server_args)
@@ -237,19 +251,52 @@ def _first_tp_roles(dp_size: int, server_args: Any) -> list[str]:
 def _spawn_schedulers(
     ctx: Any, children: ChildProcesses, server_args: Any, port_args: PortArgs, clocks: list
 ) -> list[tuple[str, Any, Any]]:
-    """tp_size scheduler processes per DP rank; rank 0 of each shares that DP rank's clock."""
+    """This node's scheduler processes of each DP rank (all tp_size of them with one
+    node); rank 0 of each shares that DP rank's clock."""
+    from sglang.srt.arg_groups.parallel import node_tp_ranks
     from sglang.srt.managers.scheduler import run_scheduler_process
     from sglang.srt.server_args import resolution_result
 
     tp_size = int(resolution_result(server_args, "tp_size"))
+    nnodes = int(resolution_result(server_args, "nnodes"))
+    node_rank = int(resolution_result(server_args, "node_rank"))
     readers = []
     for dp_rank, clock in enumerate(clocks):
         rank_args = port_args.for_dp_rank(dp_rank)
-        for tp_rank in range(tp_size):
+        for tp_rank in node_tp_ranks(tp_size, nnodes, node_rank):
             role = scheduler_role(len(clocks), tp_size, dp_rank, tp_rank)
             args = (server_args, rank_args, tp_rank, clock if tp_rank == 0 else None)
             readers.append(_spawn_child(ctx, children, role, run_scheduler_process, args))
     return readers
+
+
+def run_worker_node(server_args: Any) -> int:
+    """Node `node_rank` > 0 of a multi-node server: run this node's TP ranks until one
+    exits (none should: a peer node lost, or node 0 stopped, ends them); exit code 1.
+
+    Its ranks never talk ZMQ (rank 0, on node 0, does); they meet node 0's ranks at
+    the dist_init_addr rendezvous. SIGTERM/SIGINT (SystemExit) stop them.
+    """
+    from sglang.srt.environ import envs
+    from sglang.srt.parser.chat_template import resolve_auto_parsers
+    from sglang.srt.server_args import resolution_result
+
+    server_args.resolve_once()
+    server_args = resolve_auto_parsers(server_args)  # the same config as node 0's ranks
+    port_args = PortArgs.init_new(resolution_result(server_args, "dist_init_addr"))
+    children = ChildProcesses(port_args)
+    ctx = mp.get_context("spawn")
+    try:
+        readers = _spawn_schedulers(ctx, children, server_args, port_args, [None])
+        ready_timeout_s = envs.SGLANG_CHILD_READY_TIMEOUT.get()
+        for role, proc, reader in readers:
+            _wait_ready(role, proc, reader, ready_timeout_s)
+        logger.info("node ready: %s", ", ".join(role for role, _ in children.procs))
+        children.wait_until_one_exits()
+        logger.error("this node stops: a TP rank here exited (a peer node lost or stopped?)")
+        return 1
+    finally:
+        children.shutdown()
 
 
 def _spawn_child(

@@ -490,9 +490,19 @@ def _signals_exit_cleanly() -> Iterator[None]:
 
 
 def launch_server(server_args: Any) -> int:
-    """Start the runtime, serve HTTP until told to stop, stop the children; the exit code."""
-    from sglang.srt.entrypoints.engine import _launch_subprocesses
+    """Start the runtime, serve HTTP until told to stop, stop the children; the exit code.
 
+    On node_rank > 0 of a multi-node server no HTTP server starts: the node runs its
+    TP ranks until one exits (run_worker_node)."""
+    from sglang.srt.entrypoints.engine import _launch_subprocesses, run_worker_node
+    from sglang.srt.server_args import resolution_result
+
+    node_rank = int(resolution_result(server_args, "node_rank"))
+    if node_rank > 0:
+        nnodes = resolution_result(server_args, "nnodes")
+        logger.info("node %d of %d: scheduler ranks only, no HTTP server", node_rank, nnodes)
+        with _signals_exit_cleanly():
+            return run_worker_node(server_args)
     with _signals_exit_cleanly():
         tokenizer_manager, children = _launch_subprocesses(server_args)
     _apply_log_level()

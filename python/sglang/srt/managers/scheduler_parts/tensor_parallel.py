@@ -27,7 +27,11 @@ class NullEndpoint:
 
 
 def init_tensor_parallel(tp_size: int, tp_rank: int, init_method: str, device: str) -> None:
-    """Join the TP process group (no-op for tp_size 1)."""
+    """Join the TP process group (no-op for tp_size 1).
+
+    With nnodes > 1 the ranks of every node join one rendezvous (node 0's
+    dist_init_addr); a rank's device index is its index on its node.
+    """
     if tp_size == 1:
         return
     from sglang.srt.distributed.parallel_state import (
@@ -35,15 +39,18 @@ def init_tensor_parallel(tp_size: int, tp_rank: int, init_method: str, device: s
         init_distributed_environment,
         initialize_model_parallel,
     )
+    from sglang.srt.environ import envs
 
+    widths = get_parallel()
     init_distributed_environment(
         world_size=tp_size,
         rank=tp_rank,
         distributed_init_method=init_method,
-        local_rank=tp_rank,
+        local_rank=tp_rank % (tp_size // widths.nnodes),
         backend=default_backend(device),
+        timeout_s=envs.SGLANG_DIST_TIMEOUT.get(),
     )
-    widths = get_parallel()  # one arithmetic: the stamp takes the published quotients
+    # one arithmetic: the stamp takes the published quotients
     initialize_model_parallel(
         tp_size,
         expert_model_parallel_size=widths.moe_ep_size,
