@@ -2,7 +2,8 @@
 
 Each resolver reads the resolution so far through a `ResolvedView` and returns
 `(source, {field: value})` to declare, or None. None of them writes a field.
-Torch is imported lazily, and only when the device is left on `auto`.
+None imports torch: `--device auto` asks the CUDA driver (cuda_probe), so the
+launcher stays torch-free.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ HALF_DTYPES = ("float16", "bfloat16", "half")
 def resolve_device(c: Any) -> Resolved:
     if c.device != "auto":
         return None
-    import torch
+    from sglang.srt.arg_groups.cuda_probe import cuda_available
 
-    return "device_auto", {"device": "cuda" if torch.cuda.is_available() else "cpu"}
+    return "device_auto", {"device": "cuda" if cuda_available() else "cpu"}
 
 
 def resolve_model_path(c: Any) -> Resolved:

@@ -3,27 +3,34 @@
 Reads both the transformers-4 layout found on most hub checkpoints
 (`rope_theta`, `rope_scaling`, `torch_dtype`) and the transformers-5 layout
 (`rope_parameters`, `dtype`).
+
+The launcher (TokenizerManager) builds one too, and it does not import torch: the
+dtype is kept by name (`dtype_name`) and `dtype` / `hf_config` load torch and
+transformers only when read (model-running processes).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from functools import cached_property
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from sglang.srt.model_loader.weight_utils import resolve_model_path
 
+if TYPE_CHECKING:
+    import torch
+
 logger = logging.getLogger(__name__)
 
+# accepted dtype names -> the torch attribute they name
 _DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
+    "float32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
 }
 # when config.json names no architecture (a bare `config.save_pretrained`)
 _ARCH_BY_MODEL_TYPE = {
@@ -54,7 +61,7 @@ class ModelConfig:
         self.model_path = str(resolve_model_path(model_path, revision))
         self.revision = revision
         self.raw = _read_json(Path(self.model_path) / "config.json")
-        self.hf_config = _load_hf_config(self.model_path, self.raw, trust_remote_code)
+        self.trust_remote_code = trust_remote_code
         self._init_shape()
         self._init_moe()
         self._init_rope()
@@ -62,7 +69,7 @@ class ModelConfig:
         # many keys, itself included; None = full attention)
         self.layer_types: list[str] = _layer_types(self.raw, self.num_hidden_layers)
         self.layer_windows: list[int | None] = _layer_windows(self.raw, self.layer_types)
-        self.dtype = _resolve_dtype(dtype, self.raw)
+        self.dtype_name: str = _resolve_dtype_name(dtype, self.raw)
         self.context_len = _cap_to_sliding_window(self.raw, _context_len(self.raw, context_length))
         self.eos_token_ids = _eos_token_ids(Path(self.model_path), self.raw)
 
@@ -79,6 +86,17 @@ class ModelConfig:
             revision=getattr(bag, "revision", None),
             trust_remote_code=getattr(bag, "trust_remote_code", False),
         )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, self.dtype_name)
+
+    @cached_property
+    def hf_config(self) -> Any:
+        """The transformers config object (imports transformers and torch)."""
+        return _load_hf_config(self.model_path, self.raw, self.trust_remote_code)
 
     def _init_shape(self) -> None:
         raw = self.raw
@@ -141,7 +159,7 @@ class ModelConfig:
         return (
             f"ModelConfig({self.architecture}, layers={self.num_hidden_layers}, "
             f"hidden={self.hidden_size}, heads={self.num_attention_heads}/"
-            f"{self.num_key_value_heads}, head_dim={self.head_dim}, dtype={self.dtype}, "
+            f"{self.num_key_value_heads}, head_dim={self.head_dim}, dtype=torch.{self.dtype_name}, "
             f"context_len={self.context_len})"
         )
 
@@ -166,12 +184,13 @@ def _load_hf_config(model_path: str, raw: dict[str, Any], trust_remote_code: boo
         return PretrainedConfig(**raw)
 
 
-def _resolve_dtype(dtype: str | torch.dtype | None, raw: dict[str, Any]) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
+def _resolve_dtype_name(dtype: str | torch.dtype | None, raw: dict[str, Any]) -> str:
+    """The torch attribute name of the dtype to run in (a torch.dtype passes through)."""
+    if dtype is not None and not isinstance(dtype, str):  # a torch.dtype
+        return str(dtype).removeprefix("torch.")
     if dtype in (None, "auto"):
         name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-        return _DTYPES.get(str(name).replace("torch.", ""), torch.float32)
+        return _DTYPES.get(str(name).replace("torch.", ""), "float32")
     if dtype not in _DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}; choose auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]

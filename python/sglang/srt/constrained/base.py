@@ -9,9 +9,10 @@ request from the compiled form. Token masks are packed int32 bitmasks,
 from __future__ import annotations
 
 import abc
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 # Kinds of constraint, each named by the request field that carries it.
 JSON_SCHEMA, REGEX, EBNF, STRUCTURAL_TAG = "json_schema", "regex", "ebnf", "structural_tag"

@@ -254,7 +254,7 @@ def _spawn_schedulers(
     """This node's scheduler processes of each DP rank (all tp_size of them with one
     node); rank 0 of each shares that DP rank's clock."""
     from sglang.srt.arg_groups.parallel import node_tp_ranks
-    from sglang.srt.managers.scheduler import run_scheduler_process
+    from sglang.srt.managers.scheduler_entry import run_scheduler_process
     from sglang.srt.server_args import resolution_result
 
     tp_size = int(resolution_result(server_args, "tp_size"))

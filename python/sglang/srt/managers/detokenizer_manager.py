@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang.srt.managers.fault_injection import FaultInjector
-from sglang.srt.managers.io_struct import BatchStrOutput, BatchTokenIDOutput, DecodeParams
+from sglang.srt.managers.io_struct import (
+    BatchStrOutput,
+    BatchTokenIDOutput,
+    DecodeParams,
+    TokenizerHandoff,
+)
 from sglang.srt.managers.request_errors import internal_error_reason
 
 logger = logging.getLogger(__name__)
@@ -256,6 +261,8 @@ class DetokenizerManager:
             msg = self.recv_from_scheduler.recv()
             if isinstance(msg, BatchTokenIDOutput):
                 self.send_to_tokenizer.send(self.handle(msg))
+            elif isinstance(msg, TokenizerHandoff):  # another DP rank's copy
+                continue
             else:
                 self.send_to_tokenizer.send(msg)
 
@@ -267,7 +274,7 @@ def _detokenizer_error(exc: BaseException) -> dict[str, Any]:
 
 
 def run_detokenizer_process(server_args: Any, port_args: Any, ready_writer: Any) -> None:
-    """Process entry: publish, load the tokenizer, report ready, loop forever."""
+    """Process entry: publish, take the scheduler's tokenizer, report ready, loop forever."""
     from sglang.srt.managers.process_entry import run_child
 
     run_child("detokenizer", server_args, ready_writer, lambda: _build(port_args))
@@ -277,12 +284,23 @@ def _build(port_args: Any):
     import zmq
 
     from sglang.srt.managers.ipc import PullEndpoint, PushEndpoint
-    from sglang.srt.managers.tokenizer_manager import load_tokenizer
 
     ctx = zmq.Context(2)
+    recv_from_scheduler = PullEndpoint(ctx, port_args.detokenizer_ipc_name)
     manager = DetokenizerManager(
-        load_tokenizer(),
-        PullEndpoint(ctx, port_args.detokenizer_ipc_name),
+        _await_tokenizer(recv_from_scheduler),
+        recv_from_scheduler,
         PushEndpoint(ctx, port_args.tokenizer_ipc_name),
     )
     return {}, manager.event_loop
+
+
+def _await_tokenizer(recv_from_scheduler: Any) -> Any:
+    """The tokenizer the scheduler sends before any output (blocks until it comes).
+
+    This process does not import torch: loading with AutoTokenizer would (through
+    transformers' config classes), so it unpickles the scheduler's instead.
+    """
+    msg = recv_from_scheduler.recv()
+    assert isinstance(msg, TokenizerHandoff), f"expected TokenizerHandoff first, got {msg!r}"
+    return msg.tokenizer

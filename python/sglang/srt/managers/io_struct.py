@@ -169,6 +169,16 @@ class UpdateWeightFromDiskReqOutput:
 
 
 @dataclass
+class TokenizerHandoff:
+    """The scheduler's tokenizer (as AutoTokenizer loaded it, with torch), sent once
+    before any output so the detokenizer rebuilds it by unpickling, without torch or
+    AutoTokenizer's class choice (which imports torch). None with skip_tokenizer_init.
+    Each DP rank's scheduler sends one; the detokenizer keeps the first."""
+
+    tokenizer: Any
+
+
+@dataclass
 class DecodeParams:
     """Per-request text options, sent once with a request's first output."""
 

@@ -379,21 +379,8 @@ def _needs_fresh_sampling_info(req: Req) -> bool:
 # ----------------------------------------------------------------------------
 
 
-def run_scheduler_process(
-    server_args: Any,
-    port_args: Any,
-    tp_rank: int,
-    forward_clock: ForwardClock | None,
-    ready_writer: Any,
-):
-    """Process entry: publish, build the worker and scheduler, report ready, loop."""
-    from sglang.srt.managers.process_entry import run_child
-
-    build = lambda: _build(port_args, tp_rank, forward_clock)  # noqa: E731
-    run_child("scheduler", server_args, ready_writer, build)
-
-
-def _build(port_args: Any, tp_rank: int, forward_clock: ForwardClock | None = None):
+def build_scheduler(port_args: Any, tp_rank: int, forward_clock: ForwardClock | None = None):
+    """The scheduler process's build step (entry: scheduler_entry.run_scheduler_process)."""
     import zmq
 
     from sglang.srt.configs.model_config import ModelConfig
@@ -431,4 +418,19 @@ def _build(port_args: Any, tp_rank: int, forward_clock: ForwardClock | None = No
     )
     if forward_clock is not None:
         scheduler.forward_clock = forward_clock
-    return scheduler.ready_info(), scheduler.event_loop
+    return _hand_off_tokenizer(scheduler, tp_rank), scheduler.event_loop
+
+
+def _hand_off_tokenizer(scheduler: Scheduler, tp_rank: int) -> dict[str, Any]:
+    """Give the torch-free processes this tokenizer: the detokenizer by a first message,
+    the TokenizerManager pickled in the ready info (bytes, so DP ranks' infos merge).
+    The ready info, with `tokenizer_pickle` on TP rank 0."""
+    import pickle
+
+    from sglang.srt.managers.io_struct import TokenizerHandoff
+
+    info = scheduler.ready_info()
+    if tp_rank == 0:
+        scheduler.send_to_detokenizer.send(TokenizerHandoff(scheduler.tokenizer))
+        info["tokenizer_pickle"] = pickle.dumps(scheduler.tokenizer)
+    return info

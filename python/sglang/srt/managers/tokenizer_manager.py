@@ -74,6 +74,16 @@ def load_tokenizer() -> Any:
     )
 
 
+def _tokenizer_from(tokenizer_pickle: bytes | None) -> Any:
+    """The scheduler's tokenizer when it sent one (the launcher does not import torch,
+    which AutoTokenizer would); else load it here."""
+    if tokenizer_pickle is None:
+        return load_tokenizer()
+    import pickle
+
+    return pickle.loads(tokenizer_pickle)
+
+
 @dataclass
 class ReqState:
     """A request's accumulated output, filled by the receive loop."""
@@ -121,7 +131,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         from sglang.srt.runtime_context import get_model, get_serving
 
         self.model_config = ModelConfig.from_server_args()
-        self.tokenizer = load_tokenizer()
+        ready_info = dict(ready_info)
+        self.tokenizer = _tokenizer_from(ready_info.pop("tokenizer_pickle", None))
         self.model_path = get_model().model_path
         self.served_model_name = get_serving().served_model_name or self.model_path
         self.context_len = int(ready_info.get("context_len", self.model_config.context_len))

@@ -7,8 +7,10 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # resolve_model_path runs in the launcher, which does not import torch
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,8 @@ def pt_files(model_dir: Path) -> list[Path]:
 
 def iterate_weights(files: list[Path], use_safetensors: bool) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, CPU tensor) for every tensor in `files`, lazily; a progress bar over many files."""
+    import torch
+
     for path in _progress(files):
         if use_safetensors:
             yield from _read_safetensors(path)

@@ -1,0 +1,55 @@
+"""Only the processes that run the model import torch (issue #13, memory).
+
+One server with --dp-size 2: the launcher (HTTP + TokenizerManager), the DP
+controller and the detokenizer must not map libtorch; the two schedulers must.
+Read from /proc/<pid>/maps, which needs no cooperation from the process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from http_server_fixture import start_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("imports") / "server.log"
+    server = start_server(tiny_llama_dir, log, "--dp-size", "2")
+    yield server
+    server.stop()
+
+
+def maps_libtorch(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def spawned_children(pid: int) -> list[psutil.Process]:
+    """The server's children (schedulers, DP controller, detokenizer), not
+    multiprocessing's resource tracker."""
+    children = psutil.Process(pid).children()
+    return [c for c in children if "resource_tracker" not in " ".join(c.cmdline())]
+
+
+def test_launcher_does_not_import_torch(server):
+    assert not maps_libtorch(server.proc.pid)
+
+
+def test_only_the_schedulers_import_torch(server):
+    children = spawned_children(server.proc.pid)
+    assert len(children) == 4  # 2 schedulers, the DP controller, the detokenizer
+    with_torch = [c.pid for c in children if maps_libtorch(c.pid)]
+    assert len(with_torch) == 2, [(c.pid, c.cmdline()) for c in children]
+
+
+def test_server_still_generates_text(server):
+    """The detokenizer and the launcher use the scheduler's tokenizer (handed over)."""
+    body = {"text": "Hello", "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}
+    out = requests.post(server.base_url + "/generate", json=body, timeout=60).json()
+    assert out["meta_info"]["completion_tokens"] == 4 and out["text"]
+    assert not maps_libtorch(server.proc.pid)
