@@ -25,7 +25,6 @@ from sglang.srt.constrained.base import (
     InvalidGrammarError,
 )
 
-
 # Longest whitespace run allowed between JSON tokens (with free whitespace on): room for
 # pretty-printing several levels deep, yet a weak model cannot fill its whole output
 # with newlines (unbounded, the demo model did, until max_tokens).

@@ -64,6 +64,16 @@ def error_of_finish(reason: dict[str, Any] | None) -> RequestFailedError | None:
     return RequestFailedError(message, status)
 
 
+def raise_if_failed(runtime_error: str | None, finished_reason: dict[str, Any] | None) -> None:
+    """Raise what a request's state says it ended with: the runtime died (503), or an abort
+    that carries a status (a refusal, an internal error). A normal finish or none yet: no-op."""
+    if runtime_error is not None:
+        raise ServerUnavailableError(runtime_error)
+    failure = error_of_finish(finished_reason)
+    if failure is not None:
+        raise failure
+
+
 def invalid_request_reason(message: str, param: str | None) -> dict[str, Any]:
     """The abort finish reason of a request the runtime found invalid (HTTP 400)."""
     reason = {"type": "abort", "matched": None, "message": message}

@@ -113,6 +113,18 @@ class Req:
     def remaining_new_tokens(self) -> int:
         return min(self.max_new_tokens - len(self.output_ids), CLIP_MAX_NEW_TOKENS)
 
+    def needs_fresh_sampling_info(self) -> bool:
+        """Sampling tensors that change with every generated token (seeded draws, a pending
+        min_new_tokens ban, penalties over the outputs so far)."""
+        p = self.sampling_params
+        return (
+            p.seed is not None
+            or len(self.output_ids) < p.min_new_tokens
+            or p.frequency_penalty != 0.0
+            or p.presence_penalty != 0.0
+            or p.repetition_penalty != 1.0
+        )
+
     def wants_input_logprobs(self) -> bool:
         return self.return_logprob and self.logprob_start_len >= 0 and not self.output_ids
 

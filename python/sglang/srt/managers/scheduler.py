@@ -215,8 +215,7 @@ class Scheduler(
 
     def _only_compiling(self) -> bool:
         """Nothing can run until a grammar compiles (so the loop may wait for one)."""
-        waiting = self.waiting_queue or len(self.running) or self.chunked_req is not None
-        return not waiting and self.num_grammar_waiting() > 0
+        return not self.has_schedulable_work() and self.num_grammar_waiting() > 0
 
     def _start_forward_watchdog(self, timeout_s: float) -> None:
         """Exit when one forward runs past timeout_s: the launcher then fails requests."""
@@ -297,7 +296,7 @@ class Scheduler(
         info = self.running.cached_sampling_info()
         if info is None:
             info = self._sampling_info(self.running.reqs)
-            if not any(_needs_fresh_sampling_info(r) for r in self.running.reqs):
+            if not any(r.needs_fresh_sampling_info() for r in self.running.reqs):
                 self.running.set_sampling_info(info)
         if isinstance(batch, VerifyStep):  # drafting rows get per-row masks instead
             drafting = [bool(d) for d in batch.drafts]
@@ -360,18 +359,6 @@ class Scheduler(
         if accept is not None:
             line += f", accept length {accept:.2f}"
         logger.info(line)
-
-
-def _needs_fresh_sampling_info(req: Req) -> bool:
-    """Sampling tensors that change with every generated token."""
-    p = req.sampling_params
-    return (
-        p.seed is not None
-        or len(req.output_ids) < p.min_new_tokens
-        or p.frequency_penalty != 0.0
-        or p.presence_penalty != 0.0
-        or p.repetition_penalty != 1.0
-    )
 
 
 # ----------------------------------------------------------------------------

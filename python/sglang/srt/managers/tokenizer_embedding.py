@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from sglang.srt.managers.io_struct import EmbeddingReqInput, TokenizedEmbeddingReqInput
-from sglang.srt.managers.request_errors import ServerUnavailableError, error_of_finish
+from sglang.srt.managers.request_errors import raise_if_failed
 from sglang.srt.sampling.param_types import (
     InvalidParamError,
     RequestId,
@@ -150,11 +150,8 @@ async def _wait_finished(state: ReqState) -> None:
     while state.finished_reason is None:
         await state.event.wait()
         state.event.clear()
-        if state.error is not None:
-            raise ServerUnavailableError(state.error)
-    failure = error_of_finish(state.finished_reason)
-    if failure is not None:
-        raise failure
+        raise_if_failed(state.error, None)
+    raise_if_failed(None, state.finished_reason)
 
 
 def truncate_embedding(embedding: list[float], dimensions: int) -> list[float]:

@@ -38,8 +38,8 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.ipc import AsyncPullEndpoint, PushEndpoint
 from sglang.srt.managers.request_errors import (
     ServerUnavailableError,
-    error_of_finish,
     internal_error_reason,
+    raise_if_failed,
 )
 from sglang.srt.managers.tokenizer_embedding import TokenizerEmbeddingMixin
 from sglang.srt.sampling.param_types import (
@@ -221,11 +221,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         while True:
             await state.event.wait()
             state.event.clear()
-            if state.error is not None:
-                raise ServerUnavailableError(state.error)
-            failure = error_of_finish(state.finished_reason)
-            if failure is not None:
-                raise failure
+            raise_if_failed(state.error, state.finished_reason)
             if state.finished_reason is not None:
                 if self.log_requests:
                     self._log_finished(state)

@@ -167,10 +167,11 @@ class StandaloneDrafter:
     def _draw(self, reqs, active, logits, drafts, q_rows) -> None:
         """Greedy requests draft the argmax; sampled ones draw from their filtered q."""
         logits = logits[:, : self.vocab_size]
+        best = logits.argmax(dim=-1).tolist()  # one reduction for every greedy row
         for row, i in enumerate(active):
             params = reqs[i].sampling_params
             if params.is_greedy:
-                drafts[i].append(int(logits[row].argmax()))
+                drafts[i].append(best[row])
                 q_rows[i].append(logits.new_zeros(logits.shape[-1]))  # unused: greedy
                 continue
             q = target_probs(

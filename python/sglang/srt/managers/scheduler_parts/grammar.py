@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 from sglang.srt.constrained.backends import GrammarBackendUnavailable, create_grammar_backend
 from sglang.srt.constrained.base import InvalidGrammarError, key_of
 from sglang.srt.constrained.grammar_manager import GrammarManager, GrammarMask
+from sglang.srt.environ import envs
 from sglang.srt.managers.request_errors import internal_error_reason, invalid_request_reason
 from sglang.srt.managers.schedule_batch import finish_stop
+from sglang.srt.runtime_context import get_context
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -33,9 +35,6 @@ class SchedulerGrammarMixin:
 
     def _init_grammar(self, backend_name: str, any_whitespace: bool, blocking: bool) -> None:
         """Build the backend; if it cannot load, record the fallback to "none"."""
-        from sglang.srt.environ import envs
-        from sglang.srt.runtime_context import get_context
-
         self.grammar_manager: GrammarManager | None = None
         self.grammar_unavailable = "the server runs with --grammar-backend none"
         if backend_name == "none":
@@ -65,7 +64,7 @@ class SchedulerGrammarMixin:
             message = (
                 f"constrained decoding ({key.kind}) is not available: {self.grammar_unavailable}"
             )
-            req.finished_reason = invalid_request_reason(message, _param(key.kind))
+            req.finished_reason = invalid_request_reason(message, grammar_param(key.kind))
             self.pending_outputs.append(req)
         else:
             self.grammar_manager.submit(req, key)
@@ -90,7 +89,7 @@ class SchedulerGrammarMixin:
                 logger.error("request %s: grammar compile failed: %r", req.rid, error)
                 req.finished_reason = internal_error_reason(error)
             else:
-                req.finished_reason = invalid_request_reason(str(error), _param(param))
+                req.finished_reason = invalid_request_reason(str(error), grammar_param(param))
             self.pending_outputs.append(req)
 
     def remove_grammar_waiting(self, rid: str) -> Req | None:
@@ -150,6 +149,6 @@ class SchedulerGrammarMixin:
             req.finished_reason = finish_stop(token)
 
 
-def _param(kind: str) -> str:
+def grammar_param(kind: str) -> str:
     """The constraint's field path in the native request (routes rename it)."""
     return f"sampling_params.{kind}"

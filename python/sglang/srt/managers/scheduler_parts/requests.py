@@ -128,9 +128,12 @@ class SchedulerRequestsMixin:
 
     # ------------------------------------------------------------------ control
 
+    def has_schedulable_work(self) -> bool:
+        """Requests a batch can be built from (queued, running, or mid chunked prefill)."""
+        return bool(self.waiting_queue or len(self.running) or self.chunked_req is not None)
+
     def is_idle(self) -> bool:
-        busy = self.waiting_queue or len(self.running) or self.chunked_req is not None
-        return not busy and not self.num_grammar_waiting()
+        return not self.has_schedulable_work() and not self.num_grammar_waiting()
 
     def handle_flush_cache(self, msg: FlushCacheReqInput) -> None:
         if not self.is_idle():

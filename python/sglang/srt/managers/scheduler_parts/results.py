@@ -15,6 +15,7 @@ from sglang.srt.managers.fault_injection import is_fatal
 from sglang.srt.managers.io_struct import BatchTokenIDOutput, DecodeParams
 from sglang.srt.managers.request_errors import internal_error_reason, invalid_request_reason
 from sglang.srt.managers.schedule_batch import finish_length, finish_stop
+from sglang.srt.managers.scheduler_parts.grammar import grammar_param
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch
@@ -108,7 +109,7 @@ class SchedulerResultsMixin:
             if not req.finished:
                 self.check_finished(req)
         except InvalidGrammarError as exc:
-            req.finished_reason = invalid_request_reason(str(exc), f"sampling_params.{exc.param}")
+            req.finished_reason = invalid_request_reason(str(exc), grammar_param(exc.param))
         except Exception as exc:  # this request's bookkeeping failed: it ends, not the loop
             if is_fatal(exc):
                 raise

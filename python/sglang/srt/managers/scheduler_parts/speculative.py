@@ -20,13 +20,17 @@ decodes without drafting.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.managers.fault_injection import is_fatal
 from sglang.srt.managers.request_errors import internal_error_reason
+from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from sglang.srt.model_executor.model_runner import RunnerSettings
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.drafters import NgramDrafter, StandaloneDrafter
 
@@ -90,12 +94,6 @@ class SchedulerSpeculativeMixin:
     def _build_draft_worker(self, spec: Any, target_config: Any) -> Any:
         """The draft runner: the target's context length; its own load format, attention
         backend (constructor facts) and KV pool, as many tokens and rows as the target's."""
-        from dataclasses import replace
-
-        from sglang.srt.configs.model_config import ModelConfig
-        from sglang.srt.managers.tp_worker import TpModelWorker
-        from sglang.srt.model_executor.model_runner import RunnerSettings
-
         target = self.tp_worker.model_runner
         draft_config = ModelConfig(
             spec.speculative_draft_model_path,
@@ -142,14 +140,14 @@ class SchedulerSpeculativeMixin:
         drafts, draft_probs = self.drafter.propose(reqs, budgets)
         drafts, draft_probs = self._within_grammars(reqs, drafts, draft_probs)
         if not any(drafts):
-            self._commit_drafts(reqs, [0] * len(reqs))
+            self._drop_drafts(reqs)
             return None
         kv_lens = [r.kv_len for r in reqs]
         seq_lens = [n + 1 + len(d) for n, d in zip(kv_lens, drafts)]
         pool_indices = [r.req_pool_idx for r in reqs]
         loc = self.alloc_extend(kv_lens, seq_lens, pool_indices)
         if loc is None:  # no room for the drafts: decode plainly this round
-            self._commit_drafts(reqs, [0] * len(reqs))
+            self._drop_drafts(reqs)
             return None
         offset = 0
         for req, start, end in zip(reqs, kv_lens, seq_lens):
@@ -178,15 +176,7 @@ class SchedulerSpeculativeMixin:
 
     def _draft_budget(self, req: Req) -> int:
         """Draft tokens this request may verify this round (0 = an ordinary decode row)."""
-        p = req.sampling_params
-        if (
-            p.seed is not None
-            or p.logit_bias
-            or len(req.output_ids) < p.min_new_tokens
-            or p.frequency_penalty != 0.0
-            or p.presence_penalty != 0.0
-            or p.repetition_penalty != 1.0
-        ):
+        if req.needs_fresh_sampling_info() or req.sampling_params.logit_bias:
             return 0
         remaining = req.max_new_tokens - len(req.output_ids)
         room = self.context_len - req.seq_len
@@ -223,7 +213,7 @@ class SchedulerSpeculativeMixin:
         """A verify forward failed: give back every slot it reserved (the requests are then
         decoded one at a time by the fault isolation)."""
         self.allocator.free(step.out_cache_loc)
-        self._commit_drafts(self.running.reqs, [0] * len(self.running.reqs))
+        self._drop_drafts(self.running.reqs)
 
     # ------------------------------------------------------------------ its result
 
@@ -255,21 +245,18 @@ class SchedulerSpeculativeMixin:
             if req.finished:
                 break
         # KV holds the last token and the kept drafts: positions [base, base + 1 + kept drafts)
-        kv_len = base + 1 + min(kept, len(tokens) - 1)
-        computed_end = base + 1 + num_drafts
-        if computed_end > kv_len:
-            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-            self.allocator.free(row[kv_len:computed_end].to(torch.int64).clone())
-        req.kv_len = kv_len
+        req.kv_len = base + 1 + min(kept, len(tokens) - 1)
+        self._free_uncomputed(req, base + 1 + num_drafts)  # slots of tokens not kept
         req.spec_verify_ct += 1
         self.drafter.commit(req, min(kept, len(tokens) - 1))
         if num_drafts:
             self.spec_rounds += 1
             self.spec_round_tokens += kept
 
-    def _commit_drafts(self, reqs: list[Req], accepted: list[int]) -> None:
-        for req, n in zip(reqs, accepted):
-            self.drafter.commit(req, n)
+    def _drop_drafts(self, reqs: list[Req]) -> None:
+        """The drafts were not verified: the drafter keeps only what precedes them."""
+        for req in reqs:
+            self.drafter.commit(req, 0)
 
     # ------------------------------------------------------------------ figures
 
