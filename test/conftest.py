@@ -8,6 +8,12 @@ from pathlib import Path
 import pytest
 
 
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA device (test/gpu/); skipped when torch sees none"
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Callable[[str], Path]:
     """Factory: tiny_model_dir(arch) -> a checkpoint dir for llama / qwen2 / qwen3 (cached)."""

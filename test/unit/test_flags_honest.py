@@ -200,7 +200,7 @@ def test_the_refusals_the_issue_names_are_declared():
     refused = {name for name, _, _ in CASES}
     named = {
         "enable_lora", "lora_paths", "max_loras_per_batch", "disaggregation_mode",
-        "enable_multimodal", "enable_torch_compile", "cuda_graph_max_bs", "sampling_backend",
+        "enable_multimodal", "enable_torch_compile", "sampling_backend",
         "enable_dp_attention", "tokenizer_mode", "show_time_cost",
         "speculative_algorithm", "grammar_backend", "pp_size",
     }  # fmt: skip
@@ -291,10 +291,12 @@ def test_no_warning_at_the_default(caplog):
     assert not [r for r in caplog.records if "has no effect" in r.getMessage()]
 
 
-def test_noop_on_cpu_is_refused_on_cuda_when_also_unsupported():
-    with pytest.raises(ValueError, match="cuda_graph_max_bs"):
-        ServerArgs(model_path="org/model", device="cuda", cuda_graph_max_bs=8)
-    # With the device still 'auto' the record is accepted; resolution decides.
+def test_cuda_graph_flags_are_accepted_on_cuda():
+    """CUDA graphs are captured on cuda (model_executor/cuda_graph_runner.py)."""
+    sa = ServerArgs(
+        model_path="org/model", device="cuda", disable_cuda_graph=True, cuda_graph_max_bs=8
+    )
+    assert (sa.disable_cuda_graph, sa.cuda_graph_max_bs) == (True, 8)
     assert ServerArgs(model_path="org/model", cuda_graph_max_bs=8).cuda_graph_max_bs == 8
 
 

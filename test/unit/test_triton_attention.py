@@ -172,10 +172,15 @@ def test_decode_without_splitting_matches():
 
 
 def test_resolver_picks_only_what_can_run():
+    """Without flashinfer installed here: torch_native on cpu, triton on cuda (the full
+    table, flashinfer included, is in test_attention_support.py)."""
     from sglang.srt.arg_groups.resolvers import resolve_attention_backend
 
     def resolved(device: str) -> str:
-        view = SimpleNamespace(attention_backend=None, device=device)
+        view = SimpleNamespace(
+            attention_backend=None, device=device, dtype="bfloat16", kv_cache_dtype="auto",
+            model_path="org/model",
+        )  # fmt: skip
         return resolve_attention_backend(view)[1]["attention_backend"]
 
     assert (resolved("cpu"), resolved("cuda")) == ("torch_native", "triton")
@@ -197,11 +202,37 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
 
 
 @pytest.mark.parametrize("field", ["attention_backend", "speculative_draft_attention_backend"])
-def test_flashinfer_is_refused_until_it_exists(field):
+def test_flashinfer_on_cpu_is_an_error_at_launch(field):
     from sglang.srt.server_args import ServerArgs
 
-    with pytest.raises(ValueError, match=rf"{field}='flashinfer'.*not supported yet"):
-        ServerArgs(model_path="org/model", device="cuda", **{field: "flashinfer"})
+    with pytest.raises(ValueError, match=rf"{field}='flashinfer' cannot run on cpu"):
+        ServerArgs(model_path="org/model", device="cpu", **{field: "flashinfer"}).resolve_once()
+
+
+def test_cuda_graph_decode_metadata_matches_eager():
+    """The static-buffer path a CUDA graph replays (here run eagerly, in the interpreter):
+    a batch padded to a captured size gives the real rows the eager outputs."""
+    gen = torch.Generator().manual_seed(11)
+    seq = [5, 40, 17]
+    pools = make_pools(seq + [1], 2, 64, 4, gen)  # a spare row 3 for the padding row
+    layer = RadixAttention(8, 64, 0.125, 2, 0, sliding_window_size=9)
+    runner = _Runner()
+    runner.model = torch.nn.ModuleList([layer])
+    eager, graphed = triton_backend(), TritonAttnBackend(runner, 4, 8)
+    graphed.init_cuda_graph_state(max_bs=8)
+    fb = decode_batch(pools, seq)
+    q, k, v = (torch.randn(3, n * 64, generator=gen) for n in (8, 2, 2))
+    eager.init_forward_metadata(fb)
+    want = eager.forward(q, k, v, layer, fb)
+    padded = _batch(pools, ForwardMode.DECODE, seq + [1], torch.cat([fb.out_cache_loc, torch.zeros(1, dtype=torch.int64)]), torch.tensor(seq + [1]) - 1)  # fmt: skip
+    graphed.init_forward_metadata_capture_cuda_graph(padded)
+    graphed.init_forward_metadata_replay_cuda_graph(padded)
+    pad = lambda x: torch.cat([x, torch.zeros(1, x.shape[1])])  # noqa: E731
+    got = graphed.forward(pad(q), pad(k), pad(v), layer, padded)
+    torch.testing.assert_close(got[:3], want, atol=TOL, rtol=0)
+    assert (
+        graphed.metadata.num_kv_splits[9].data_ptr() == graphed._graph.num_kv_splits[9].data_ptr()
+    )
 
 
 # ---- a whole model -----------------------------------------------------------------

@@ -32,11 +32,10 @@ class ExecKernelArgs:
 
     attention_backend: str | None = arg(
         None,
-        "Attention kernels. Default: torch_native on cpu; triton on cuda (and ROCm) when "
-        "triton is importable, else torch_native.",
+        "Attention kernels. Default: torch_native on cpu; on cuda flashinfer when it is "
+        "importable and the model runs in float16/bfloat16 with head_dim 64/128/256, else "
+        "triton (ROCm: triton) when importable, else torch_native.",
         choices=ATTENTION_BACKEND_CHOICES,
-        unsupported="a flashinfer attention backend",
-        unsupported_values=("flashinfer",),
     )
     sampling_backend: str | None = arg(
         None,
@@ -60,17 +59,15 @@ class ExecGraphArgs:
 
     disable_cuda_graph: bool = arg(
         False,
-        "Do not capture CUDA graphs for decode.",
-        noop_on={
-            "cpu": CUDA_GRAPHS_ON_CPU,
-            "cuda": "CUDA graphs are not captured yet, decode always runs eagerly",
-        },
+        "Do not capture CUDA graphs for decode (cuda, triton or flashinfer attention, "
+        "tp_size 1); decode then always runs eagerly.",
+        noop_on={"cpu": CUDA_GRAPHS_ON_CPU},
     )
     cuda_graph_max_bs: int | None = arg(
         None,
-        "Largest batch size captured in a CUDA graph.",
+        "Largest decode batch captured in a CUDA graph; larger batches run eagerly. "
+        "Default: 160, at most --max-running-requests.",
         noop_on={"cpu": CUDA_GRAPHS_ON_CPU},
-        unsupported="CUDA graph capture",
     )
     enable_torch_compile: bool = arg(
         False,

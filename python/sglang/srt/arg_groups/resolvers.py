@@ -8,7 +8,6 @@ launcher stays torch-free.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -17,6 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sglang.srt.arg_groups.attention_support import (
+    attention_kv_dtype,
+    config_head_dim,
+    default_attention_backend,
+)
 from sglang.srt.arg_groups.spec import DRAFT_MODEL_ALGORITHMS
 
 logger = logging.getLogger(__name__)
@@ -123,10 +127,8 @@ def resolve_dtype(c: Any) -> Resolved:
 def resolve_attention_backend(c: Any) -> Resolved:
     if c.attention_backend is not None:
         return None
-    # only backends that exist and can run here: flashinfer once it is built
-    backend = "torch_native"
-    if c.device == "cuda" and importlib.util.find_spec("triton") is not None:
-        backend = "triton"  # CUDA and ROCm (torch.version.hip) alike
+    head_dim = config_head_dim(read_hf_config(c.model_path))
+    backend = default_attention_backend(c.device, attention_kv_dtype(c), head_dim)
     return "attention_backend_by_device", {"attention_backend": backend}
 
 

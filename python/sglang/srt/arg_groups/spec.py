@@ -41,8 +41,6 @@ class SpecArgs:
         None,
         "Attention backend of the draft runner. Default: the target's.",
         choices=ATTENTION_BACKEND_CHOICES,
-        unsupported="a flashinfer attention backend",
-        unsupported_values=("flashinfer",),
     )
     speculative_draft_load_format: str | None = arg(
         None,

@@ -10,12 +10,16 @@ logs, at resolution, each field set on a device its `noop_on=` names.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 from typing import Any
 
 from sglang.srt.arg_groups.arg_utils import flag_of, is_refused_value
-from sglang.srt.environ import envs
+from sglang.srt.arg_groups.attention_support import (
+    attention_kv_dtype,
+    config_head_dim,
+    flashinfer_unavailable_reason,
+    triton_unavailable_reason,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -105,30 +109,28 @@ def _check_multi_node(c: Any) -> None:
 
 
 def _check_backends(c: Any) -> None:
-    """An explicit attention backend must be able to run on the device (flashinfer is
-    refused by its `unsupported_values` declaration)."""
+    """An explicit attention backend must be able to run on the device, else a ValueError
+    at launch naming the field and the reason."""
     if c.device == "auto":
         return
     for name in ("attention_backend", "speculative_draft_attention_backend"):
-        if getattr(c, name) != "triton":
+        backend = getattr(c, name)
+        if backend == "triton":
+            reason = triton_unavailable_reason(c.device)
+        elif backend == "flashinfer":
+            reason = flashinfer_unavailable_reason(
+                c.device, attention_kv_dtype(c), _head_dim_of(c.model_path)
+            )
+        else:
             continue
-        reason = triton_unavailable_reason(c.device)
         if reason is not None:
-            raise ValueError(f"{name}='triton' cannot run on {c.device}: {reason}")
+            raise ValueError(f"{name}={backend!r} cannot run on {c.device}: {reason}")
 
 
-def triton_unavailable_reason(device: str) -> str | None:
-    """Why the triton attention backend cannot run on `device` here; None when it can."""
-    if device not in ("cpu", "cuda"):
-        return "it runs on cuda (and ROCm)"
-    if importlib.util.find_spec("triton") is None:
-        return "the triton package is not installed (pip install triton)"
-    if device == "cpu" and not envs.TRITON_INTERPRET.get():
-        return (
-            "it needs device cuda; on cpu its kernels run only in the Triton interpreter "
-            "(TRITON_INTERPRET=1, for tests: very slow), so use 'torch_native'"
-        )
-    return None
+def _head_dim_of(model_path: str | None) -> int | None:
+    from sglang.srt.arg_groups.resolvers import read_hf_config
+
+    return config_head_dim(read_hf_config(model_path)) if model_path else None
 
 
 def _shown(value: Any) -> str:

@@ -120,14 +120,30 @@ def _draw(weights: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """
     cdf = weights.cumsum(dim=-1)  # [bs, C]
     uniform = torch.rand(weights.shape[0], device=weights.device)
-    for row, seed in enumerate(info.seeds):
-        if seed is not None:
-            gen = torch.Generator(device=weights.device)
-            gen.manual_seed((seed * _SEED_MIX + info.steps[row]) % (1 << 63))
-            uniform[row] = torch.rand(1, generator=gen, device=weights.device)[0]
+    rows = [row for row, seed in enumerate(info.seeds) if seed is not None]
+    if rows:
+        seeded = torch.cat([_seeded_uniform(info.seeds[r], info.steps[r]) for r in rows])
+        uniform.index_copy_(
+            0, _to_device(torch.tensor(rows), uniform.device), _to_device(seeded, uniform.device)
+        )
     target = (uniform * cdf[:, -1]).unsqueeze(1)
     picked = torch.searchsorted(cdf, target, right=True).squeeze(1)
     return picked.clamp_(max=weights.shape[-1] - 1)
+
+
+def _seeded_uniform(seed: int, step: int) -> torch.Tensor:
+    """float32[1]: the uniform of a seeded row at `step`, drawn on the host, so a seed gives
+    the same tokens on every device and a GPU batch costs one copy, not a launch per row."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed((seed * _SEED_MIX + step) % (1 << 63))
+    return torch.rand(1, generator=gen)
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`; to a GPU through pinned memory, without a host sync."""
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _with_logprobs(

@@ -147,8 +147,8 @@ class ForwardBatch:
         if batch.return_logprob and batch.forward_mode.is_extend():
             fb.logprob_carry = runner.logprob_carry
             fb.req_pool_indices_cpu = batch.req_pool_indices.tolist()
-        if not fb.forward_mode.is_idle():
-            runner.attn_backend.init_forward_metadata(fb)
+        if not fb.forward_mode.is_idle() and not runner.replays_cuda_graph(fb):
+            runner.attn_backend.init_forward_metadata(fb)  # a graph replay builds its own
         return fb
 
 

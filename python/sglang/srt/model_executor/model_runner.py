@@ -18,6 +18,11 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import SampleOutput, Sampler
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.cuda_graph_runner import (
+    CudaGraphRunner,
+    cuda_graph_skip_reason,
+    default_cuda_graph_max_bs,
+)
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.loader import get_model
 from sglang.srt.runtime_context import get_spec
@@ -52,6 +57,9 @@ class RunnerSettings:
     kv_cache_dtype: str = "auto"
     tp_size: int = 1
     ep_size: int = 1
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
+    is_embedding: bool = False
 
     @classmethod
     def from_bags(cls) -> RunnerSettings:
@@ -64,11 +72,11 @@ class RunnerSettings:
             get_schedule,
         )
 
-        exec_, memory = get_exec(), get_memory()
+        exec_, memory, model = get_exec(), get_memory(), get_model()
         return cls(
             device=str(get_device().device),
             attention_backend=exec_.kernel.attention_backend,
-            load_format=get_model().load_format,
+            load_format=model.load_format,
             page_size=memory.page_size,
             max_total_tokens=memory.max_total_tokens,
             mem_fraction_static=memory.mem_fraction_static,
@@ -78,6 +86,9 @@ class RunnerSettings:
             kv_cache_dtype=exec_.kernel.kv_cache_dtype,
             tp_size=get_parallel().tp_size,
             ep_size=get_parallel().ep_size,
+            disable_cuda_graph=exec_.graph.disable_cuda_graph,
+            cuda_graph_max_bs=exec_.graph.cuda_graph_max_bs,
+            is_embedding=model.is_embedding,
         )
 
 
@@ -111,6 +122,7 @@ class ModelRunner:
         self._init_memory_pool()
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.sampler = Sampler()
+        self.graph_runner = self._init_cuda_graphs()
         # {kv slot of a chunk's last token: (seq_len, logprobs of what follows)}: input
         # logprobs across a chunked-prefill boundary (see logits_processor._carried_head)
         self.logprob_carry: dict[int, tuple[int, torch.Tensor]] = {}
@@ -242,10 +254,41 @@ class ModelRunner:
         by_tokens = self.max_total_num_tokens // 2
         return max(1, min(_MAX_RUNNING_REQUESTS_CAP, by_tokens, max(table_cap, 32)))
 
+    # -- CUDA graphs ----------------------------------------------------------------------
+
+    def _init_cuda_graphs(self) -> CudaGraphRunner | None:
+        """Capture the decode graphs (cuda only; see cuda_graph_runner), or None."""
+        reason = cuda_graph_skip_reason(
+            self.device.type,
+            self.settings.disable_cuda_graph,
+            self.attn_backend.supports_cuda_graph,
+            self.attention_backend_name,
+            self.tp_size,
+            self.is_draft_worker,
+            self.settings.is_embedding,
+        )
+        if reason is not None:
+            if self.device.type == "cuda":
+                logger.info("decode runs without CUDA graphs: %s", reason)
+            return None
+        max_bs = self.settings.cuda_graph_max_bs
+        max_bs = min(
+            max_bs or default_cuda_graph_max_bs(self.max_running_requests),
+            self.max_running_requests,
+        )
+        return CudaGraphRunner(self, max_bs)
+
+    def replays_cuda_graph(self, forward_batch: ForwardBatch) -> bool:
+        """Whether `forward` replays a graph for this batch (its metadata is built there)."""
+        return self.graph_runner is not None and self.graph_runner.can_run(forward_batch)
+
     # -- forward ------------------------------------------------------------------------
 
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        """Run the model on a batch whose attention metadata is built (ForwardBatch.init_new)."""
+        """Run the model on a batch built by ForwardBatch.init_new: a decode batch that fits
+        a captured CUDA graph replays it, anything else runs eagerly."""
+        if self.replays_cuda_graph(forward_batch):
+            return self.graph_runner.replay(forward_batch)
         return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
     def sample(
@@ -270,6 +313,9 @@ class ModelRunner:
         _check_same_shape(self.model_config, new_config)
         self.model = self._load_model(new_config.model_path, load_format or "auto")
         self.model_config = new_config
+        if self.graph_runner is not None:  # its graphs read the old weights: capture again
+            self.graph_runner = None
+            self.graph_runner = self._init_cuda_graphs()
 
 
 def _check_same_shape(old: ModelConfig, new: ModelConfig) -> None:

@@ -14,6 +14,14 @@ mutates only the KV pool (at `out_cache_loc`) and its own metadata.
 Per layer, `layer.sliding_window_size` (None = full) limits a query at position
 q to keys in (q - window, q], and `layer.logit_cap` soft-caps the scores; a
 backend must honour both in extend and decode.
+
+CUDA graphs (decode only, `model_executor/cuda_graph_runner.py`): a backend that
+sets `supports_cuda_graph` keeps its decode metadata in static buffers. The graph
+runner calls `init_cuda_graph_state(max_bs)` once, then per captured batch size
+`init_forward_metadata_capture_cuda_graph(fb)` before capturing, and before each
+replay `init_forward_metadata_replay_cuda_graph(fb)`, which must only write into
+the buffers captured for `fb.batch_size` (a padded batch: rows past the real ones
+have seq_len 1, req_pool_index 0 and out_cache_loc 0, the padding slot).
 """
 
 from __future__ import annotations
@@ -22,12 +30,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sglang.srt.layers.radix_attention import RadixAttention
+
 if TYPE_CHECKING:
-    from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 class AttentionBackend:
+    supports_cuda_graph = False
+
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """Build the per-forward metadata (index tensors, masks) shared by all layers."""
         raise NotImplementedError
@@ -57,7 +68,27 @@ class AttentionBackend:
         raise NotImplementedError
 
 
-SUPPORTED_ATTENTION_BACKENDS = ("torch_native", "triton")
+    # -- CUDA graphs (decode) -------------------------------------------------------------
+
+    def init_cuda_graph_state(self, max_bs: int) -> None:
+        """Allocate the static decode metadata buffers for batches of up to `max_bs`."""
+        raise NotImplementedError
+
+    def init_forward_metadata_capture_cuda_graph(self, forward_batch: ForwardBatch) -> None:
+        """Metadata for capturing a decode graph of `forward_batch.batch_size` rows."""
+        raise NotImplementedError
+
+    def init_forward_metadata_replay_cuda_graph(self, forward_batch: ForwardBatch) -> None:
+        """Refresh the captured buffers of `forward_batch.batch_size` for this batch."""
+        raise NotImplementedError
+
+
+def attention_layers(model: torch.nn.Module) -> list[RadixAttention]:
+    """Every attention layer of `model`, in module order."""
+    return [m for m in model.modules() if isinstance(m, RadixAttention)]
+
+
+SUPPORTED_ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer")
 
 
 def create_attention_backend(name: str | None, runner) -> AttentionBackend:
@@ -71,6 +102,10 @@ def create_attention_backend(name: str | None, runner) -> AttentionBackend:
         from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
         return TritonAttnBackend(runner)
+    if name == "flashinfer":
+        from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+        return FlashInferAttnBackend(runner)
     raise ValueError(
         f"unsupported attention backend {name!r}; supported: "
         f"{', '.join(SUPPORTED_ATTENTION_BACKENDS)}"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, attention_layers
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -44,7 +44,22 @@ class _DecodeMetadata:
     scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
+@dataclass
+class _GraphBuffers:
+    """Static decode metadata for CUDA graphs, rows [0, bs) used by a graph of size bs."""
+
+    num_kv_splits: dict[int | None, torch.Tensor]  # int32[max_bs] by attention window
+    scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]  # as _DecodeMetadata
+
+    def metadata(self, bs: int) -> _DecodeMetadata:
+        splits = {w: buf[:bs] for w, buf in self.num_kv_splits.items()}
+        scratch = {key: (out[:bs], lse[:bs]) for key, (out, lse) in self.scratch.items()}
+        return _DecodeMetadata(splits, scratch)
+
+
 class TritonAttnBackend(AttentionBackend):
+    supports_cuda_graph = True
+
     def __init__(
         self,
         runner,
@@ -61,6 +76,8 @@ class TritonAttnBackend(AttentionBackend):
         self._extend_fwd = extend_attention.extend_attention_fwd
         self.max_kv_splits, self.min_keys_per_split = max_kv_splits, min_keys_per_split
         self.metadata: _DecodeMetadata | _ExtendMetadata | None = None
+        self._runner = runner  # its model's layers size the CUDA graph buffers
+        self._graph: _GraphBuffers | None = None
 
     # -- per forward --------------------------------------------------------------------
 
@@ -86,6 +103,31 @@ class TritonAttnBackend(AttentionBackend):
             out = torch.empty(*shape, d, dtype=torch.float32, device=self.device)
             md.scratch[hq, d] = out, torch.empty(shape, dtype=torch.float32, device=self.device)
         return md.scratch[hq, d]
+
+    # -- CUDA graphs (decode) -----------------------------------------------------------
+
+    def init_cuda_graph_state(self, max_bs: int) -> None:
+        layers = attention_layers(self._runner.model)
+        windows = {layer.sliding_window_size for layer in layers} | {None}
+        shapes = {(layer.tp_q_head_num, layer.head_dim) for layer in layers}
+        splits = {w: torch.ones(max_bs, dtype=torch.int32, device=self.device) for w in windows}
+        self._graph = _GraphBuffers(splits, {})
+        for hq, d in shapes:
+            shape = (max_bs, hq, self.max_kv_splits)
+            out = torch.empty(*shape, d, dtype=torch.float32, device=self.device)
+            self._graph.scratch[hq, d] = (
+                out,
+                torch.empty(shape, dtype=torch.float32, device=self.device),
+            )
+
+    def init_forward_metadata_capture_cuda_graph(self, forward_batch: ForwardBatch) -> None:
+        self.init_forward_metadata_replay_cuda_graph(forward_batch)
+        self.metadata = self._graph.metadata(forward_batch.batch_size)
+
+    def init_forward_metadata_replay_cuda_graph(self, forward_batch: ForwardBatch) -> None:
+        bs = forward_batch.batch_size
+        for window, buf in self._graph.num_kv_splits.items():
+            buf[:bs].copy_(self._num_kv_splits(forward_batch, window))
 
     # -- per layer ----------------------------------------------------------------------
 
@@ -145,7 +187,7 @@ class TritonAttnBackend(AttentionBackend):
 
 def require_triton(device: torch.device) -> None:
     """Raise, naming what is missing, unless the kernels can run on `device`."""
-    from sglang.srt.arg_groups.validation import triton_unavailable_reason
+    from sglang.srt.arg_groups.attention_support import triton_unavailable_reason
 
     reason = triton_unavailable_reason(device.type)
     if reason is not None:
