@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchArgs, list[str]]:
 def _timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # HF's step returns before its kernels finish
     return time.perf_counter() - start
 
 
@@ -91,7 +93,7 @@ class HFRunner:
     """HF forward with its own KV cache, greedy, on the same batch (equal lengths)."""
 
     def __init__(self, model, prompts: list[list[int]]) -> None:
-        self.model, self.ids, self.out = model, torch.tensor(prompts), None
+        self.model, self.ids, self.out = model, torch.tensor(prompts, device=model.device), None
 
     @torch.inference_mode()
     def prefill(self) -> float:
@@ -167,13 +169,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     publish(prepare_server_args(server_argv), role="scheduler")
     worker = TpModelWorker()
     logger.info("%s, torch threads %d", worker.model_config, torch.get_num_threads())
-    hf_model = None
-    if bench.run_hf:
-        from sglang.test.hf_reference import load_hf_model
-
-        hf_model = load_hf_model(worker.model_config.model_path, worker.model_config.dtype)
-        hf_model.to(worker.device)
+    hf_model = load_hf_for_bench(worker) if bench.run_hf else None
     return run(bench, worker, hf_model)
+
+
+def load_hf_for_bench(worker):
+    """HF transformers' model on our device and dtype. Attention: eager on cpu (the figures
+    in benchmark/RESULTS.md), HF's default sdpa on a GPU. With `--load-format dummy`,
+    random weights from the config (the timing compares no outputs)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path, dtype = worker.model_config.model_path, worker.model_config.dtype
+    attn = "eager" if worker.device.type == "cpu" else "sdpa"
+    if worker.model_runner.load_format == "dummy":
+        config = AutoConfig.from_pretrained(path)
+        with torch.device(worker.device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+    return model.to(worker.device).eval()
 
 
 if __name__ == "__main__":

@@ -1,22 +1,50 @@
-"""`python -m sglang.launch_server --model-path DIR [--port 30000] ...`"""
+"""`python -m sglang.launch_server --model-path DIR [--port 30000] [--use-ray] ...`"""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
+
+USE_RAY_HELP = (
+    "Run the scheduler ranks as Ray actors in a placement group made for this server "
+    "(one bundle per rank, on this node) and removed when it stops. Joins RAY_ADDRESS "
+    "or a `ray start` cluster of this machine, else starts a local Ray. Needs the ray "
+    'extra: pip install -e ".[ray]".'
+)
+
+
+def build_launch_parser() -> argparse.ArgumentParser:
+    """The server's flags plus the launcher's own, which are not server config."""
+    from sglang.srt.server_args import build_parser
+
+    parser = build_parser()
+    group = parser.add_argument_group("launcher", "How this launcher runs the server.")
+    group.add_argument("--use-ray", action="store_true", help=USE_RAY_HELP)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from sglang.srt.entrypoints.http_server import launch_server
-    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.server_args import server_args_from_namespace
 
     logging.basicConfig(
         level=logging.INFO,
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    server_args = prepare_server_args(sys.argv[1:] if argv is None else argv)
-    return launch_server(server_args)
+    parser = build_launch_parser()
+    namespace = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    server_args = server_args_from_namespace(parser, namespace)
+    if not namespace.use_ray:
+        return launch_server(server_args)
+    from sglang.srt.entrypoints.ray_engine import launch_server_on_ray, require_ray
+
+    try:
+        require_ray()
+    except ImportError as exc:
+        parser.error(f"--use-ray: {exc}")
+    return launch_server_on_ray(server_args)
 
 
 if __name__ == "__main__":

@@ -225,7 +225,14 @@ def build_parser(prog: str = "python -m sglang.launch_server") -> argparse.Argum
 def prepare_server_args(argv: list[str]) -> ServerArgs:
     """Parse launcher flags into an unresolved ServerArgs; bad flags exit 2 (argparse)."""
     parser = build_parser()
-    namespace = parser.parse_args(argv)
+    return server_args_from_namespace(parser, parser.parse_args(argv))
+
+
+def server_args_from_namespace(
+    parser: argparse.ArgumentParser, namespace: argparse.Namespace
+) -> ServerArgs:
+    """The ServerArgs of `parser`'s parse (a launcher's own flags on it are not read);
+    bad values exit 2 through the parser."""
     try:
         server_args = ServerArgs(**{name: getattr(namespace, name) for name in FIELD_NAMES})
         validate(server_args, dataclasses.fields(server_args))

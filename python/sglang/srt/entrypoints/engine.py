@@ -3,7 +3,8 @@
 `_launch_subprocesses(server_args)` resolves the config, spawns the scheduler
 and detokenizer processes, waits for their ready messages, builds the
 TokenizerManager in this process and starts a watchdog that fails in-flight
-requests when a child dies. `Engine` runs the TokenizerManager on its own
+requests when a child dies. Given a Ray placement group (`RayEngine`, `--use-ray`)
+the schedulers run as Ray actors in it instead (entrypoints/ray_engine.py). `Engine` runs the TokenizerManager on its own
 event loop in a background thread, so its sync methods work from plain code
 and from inside a running event loop alike.
 """
@@ -73,6 +74,8 @@ class ChildProcesses:
         self._watchdog: threading.Thread | None = None
         self.on_death: list[Callable[[str], None]] = []
         self.dead_message: str | None = None
+        # run last at shutdown: files and sockets the children no longer need
+        self.cleanups: list[Callable[[], None]] = []
 
     def __iter__(self) -> Iterator[mp.process.BaseProcess]:
         return iter(p for _, p in self.procs)
@@ -113,11 +116,19 @@ class ChildProcesses:
         """Stop every child (SIGTERM, then SIGKILL); idempotent."""
         self._stop.set()
         for _, proc in self.procs:
-            if proc.pid is not None and proc.is_alive():
-                kill_process_tree(proc.pid, timeout_s=3.0)
+            _stop_child(proc)
         for _, proc in self.procs:
             proc.join(timeout=3.0)
+        for cleanup in self.cleanups:
+            cleanup()
         self.port_args.cleanup()
+
+
+def _stop_child(proc: Any) -> None:
+    if not isinstance(proc, mp.process.BaseProcess):
+        proc.stop()  # a Ray actor (ray_engine.ActorProcess)
+    elif proc.pid is not None and proc.is_alive():
+        kill_process_tree(proc.pid, timeout_s=3.0)
 
 
 def _spawn(ctx: Any, role: str, target: Callable, args: tuple) -> tuple[Any, Any]:
@@ -173,11 +184,15 @@ def _wait_ready(role: str, proc: Any, reader: Any, timeout_s: float) -> dict[str
     raise ChildStartupError(f"The {role} process did not report ready within {timeout_s:.0f} s.")
 
 
-def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProcesses]:
+def _launch_subprocesses(
+    server_args: Any, placement_group: Any = None
+) -> tuple[TokenizerManager, ChildProcesses]:
     """Start the schedulers (tp_size per DP rank), the DP controller (dp_size > 1) and
     the detokenizer, wait for ready, build the TokenizerManager.
 
-    On any failure every started child is stopped before the error propagates.
+    `placement_group`: a Ray placement group to run the schedulers in, as actors
+    (None: spawned processes). It is the caller's to remove. On any failure every
+    started child is stopped before the error propagates.
     """
     from sglang.srt.environ import envs
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
@@ -199,9 +214,11 @@ def _launch_subprocesses(server_args: Any) -> tuple[TokenizerManager, ChildProce
     port_args = PortArgs.init_new(resolution_result(server_args, "dist_init_addr"), dp_size)
     children = ChildProcesses(port_args)
     ctx = mp.get_context("spawn")
-    clocks = [ForwardClock.shared(ctx) for _ in range(dp_size)]
     try:
-        readers = _spawn_schedulers(ctx, children, server_args, port_args, clocks)
+        clocks = _forward_clocks(ctx, children, dp_size, placement_group)
+        readers = _launch_scheduler_processes(
+            ctx, children, server_args, port_args, clocks, placement_group
+        )
         if dp_size > 1:
             from sglang.srt.managers.data_parallel_controller import (
                 run_data_parallel_controller_process,
@@ -248,11 +265,31 @@ def _first_tp_roles(dp_size: int, server_args: Any) -> list[str]:
     return [scheduler_role(dp_size, tp_size, d, 0) for d in range(dp_size)]
 
 
-def _spawn_schedulers(
-    ctx: Any, children: ChildProcesses, server_args: Any, port_args: PortArgs, clocks: list
+def _forward_clocks(
+    ctx: Any, children: ChildProcesses, dp_size: int, placement_group: Any
+) -> list[ForwardClock]:
+    if placement_group is None:
+        return [ForwardClock.shared(ctx) for _ in range(dp_size)]
+    from sglang.srt.entrypoints.ray_engine import actor_forward_clocks  # cycle; imports ray
+
+    return actor_forward_clocks(children, dp_size)
+
+
+def _launch_scheduler_processes(
+    ctx: Any,
+    children: ChildProcesses,
+    server_args: Any,
+    port_args: PortArgs,
+    clocks: list,
+    placement_group: Any = None,
 ) -> list[tuple[str, Any, Any]]:
     """This node's scheduler processes of each DP rank (all tp_size of them with one
-    node); rank 0 of each shares that DP rank's clock."""
+    node); rank 0 of each shares that DP rank's clock. With a Ray `placement_group`,
+    every rank is an actor in its bundle instead."""
+    if placement_group is not None:
+        from sglang.srt.entrypoints.ray_engine import launch_scheduler_actors  # cycle
+
+        return launch_scheduler_actors(children, server_args, port_args, clocks, placement_group)
     from sglang.srt.arg_groups.parallel import node_tp_ranks
     from sglang.srt.managers.scheduler_entry import run_scheduler_process
     from sglang.srt.server_args import resolution_result
@@ -287,7 +324,7 @@ def run_worker_node(server_args: Any) -> int:
     children = ChildProcesses(port_args)
     ctx = mp.get_context("spawn")
     try:
-        readers = _spawn_schedulers(ctx, children, server_args, port_args, [None])
+        readers = _launch_scheduler_processes(ctx, children, server_args, port_args, [None])
         ready_timeout_s = envs.SGLANG_CHILD_READY_TIMEOUT.get()
         for role, proc, reader in readers:
             _wait_ready(role, proc, reader, ready_timeout_s)
@@ -340,7 +377,7 @@ class Engine:
             raise ValueError("pass either server_args or keyword fields, not both")
         self.server_args = server_args
         self._closed = False
-        self.tokenizer_manager, self._children = _launch_subprocesses(server_args)
+        self.tokenizer_manager, self._children = self._launch_subprocesses(server_args)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="sglang-engine-loop", daemon=True
@@ -349,6 +386,12 @@ class Engine:
         _live_engines.add(self)
 
     # ------------------------------------------------------------------ plumbing
+
+    def _launch_subprocesses(
+        self, server_args: Any, placement_group: Any = None
+    ) -> tuple[TokenizerManager, ChildProcesses]:
+        """The launch hook; RayEngine passes its placement group."""
+        return _launch_subprocesses(server_args, placement_group)
 
     def _run(self, coro: Any) -> Any:
         if self._closed:

@@ -489,11 +489,12 @@ def _signals_exit_cleanly() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def launch_server(server_args: Any) -> int:
+def launch_server(server_args: Any, placement_group: Any = None) -> int:
     """Start the runtime, serve HTTP until told to stop, stop the children; the exit code.
 
     On node_rank > 0 of a multi-node server no HTTP server starts: the node runs its
-    TP ranks until one exits (run_worker_node)."""
+    TP ranks until one exits (run_worker_node). `placement_group`: a Ray placement
+    group to run the schedulers in (`--use-ray`, ray_engine.launch_server_on_ray)."""
     from sglang.srt.entrypoints.engine import _launch_subprocesses, run_worker_node
     from sglang.srt.server_args import resolution_result
 
@@ -504,7 +505,7 @@ def launch_server(server_args: Any) -> int:
         with _signals_exit_cleanly():
             return run_worker_node(server_args)
     with _signals_exit_cleanly():
-        tokenizer_manager, children = _launch_subprocesses(server_args)
+        tokenizer_manager, children = _launch_subprocesses(server_args, placement_group)
     _apply_log_level()
     try:
         app = create_app(tokenizer_manager)
