@@ -3,10 +3,11 @@
 `_launch_subprocesses(server_args)` resolves the config, spawns the scheduler
 and detokenizer processes, waits for their ready messages, builds the
 TokenizerManager in this process and starts a watchdog that fails in-flight
-requests when a child dies. Given a Ray placement group (`RayEngine`, `--use-ray`)
-the schedulers run as Ray actors in it instead (entrypoints/ray_engine.py). `Engine` runs the TokenizerManager on its own
-event loop in a background thread, so its sync methods work from plain code
-and from inside a running event loop alike.
+requests when a child dies. Given a Ray placement group (`RayEngine`,
+`--use-ray`) the schedulers run as Ray actors in it instead (ray_engine.py).
+`Engine` runs the TokenizerManager on its own event loop in a background
+thread, so its sync methods work from plain code and from inside a running
+event loop alike.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class ChildProcesses:
 
     def __init__(self, port_args: PortArgs) -> None:
         self.port_args = port_args
-        self.procs: list[tuple[str, mp.process.BaseProcess]] = []
+        # (role, a spawned process or a Ray actor seen as one: ray_engine.ActorProcess)
+        self.procs: list[tuple[str, Any]] = []
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
         self.on_death: list[Callable[[str], None]] = []
@@ -77,7 +79,7 @@ class ChildProcesses:
         # run last at shutdown: files and sockets the children no longer need
         self.cleanups: list[Callable[[], None]] = []
 
-    def __iter__(self) -> Iterator[mp.process.BaseProcess]:
+    def __iter__(self) -> Iterator[Any]:
         return iter(p for _, p in self.procs)
 
     def start_watchdog(self) -> None:
