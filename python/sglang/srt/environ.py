@@ -176,6 +176,14 @@ class Envs:
         "stops answering (a node lost from the network) fails it after this long.",
     )
 
+    SGLANG_CPU_KERNELS = EnvVar(
+        "SGLANG_CPU_KERNELS",
+        "bool",
+        True,
+        "Use our native CPU kernels (sgl-kernel/csrc/cpu, built on first use and cached) "
+        "for decode-sized calls; 0 keeps the torch ops (the kernels' reference).",
+    )
+
     TRITON_INTERPRET = EnvVar(
         "TRITON_INTERPRET",
         "bool",

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.layers import triton_ops
+from sglang.srt.layers import cpu_kernels, triton_ops
 
 
 class SiluAndMul(nn.Module):
@@ -18,6 +18,10 @@ class SiluAndMul(nn.Module):
 
             return act_and_mul(x, "silu")
         d = x.shape[-1] // 2
+        if cpu_kernels.usable(x) and x.dim() == 2:
+            out = x.new_empty(x.shape[0], d)
+            cpu_kernels.load().silu_and_mul_out(out, x)
+            return out
         return F.silu(x[..., :d]) * x[..., d:]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sglang.srt.layers import triton_ops
+from sglang.srt.layers import cpu_kernels, triton_ops
 
 
 class RMSNorm(nn.Module):
@@ -17,9 +17,12 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x: [T, H]. With `residual`, returns (norm(x + residual), x + residual)."""
+        """x: [T, H]. With `residual`, returns (norm(x + residual), x + residual); on the
+        CPU kernels' path those are x and residual themselves, updated in place."""
         if triton_ops.fused_ops_enabled(x):
             return self._forward_triton(x, residual)
+        if cpu_kernels.usable(x) and x.dim() == 2:
+            return self._forward_cpu_kernel(x, residual)
         if residual is not None:
             x = x + residual
             return self._norm(x), x
@@ -31,6 +34,15 @@ class RMSNorm(nn.Module):
         if residual is None:
             return rmsnorm.rms_norm(x, self.weight, self.variance_epsilon)
         return rmsnorm.fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon)
+
+    def _forward_cpu_kernel(self, x: torch.Tensor, residual: torch.Tensor | None):
+        kernels = cpu_kernels.load()
+        if residual is None:
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+            kernels.rmsnorm_out(out, x, self.weight, self.variance_epsilon)
+            return out
+        kernels.fused_add_rmsnorm_(x, residual, self.weight, self.variance_epsilon)
+        return x, residual
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # HF's formula op for op (float32 statistics, cast back before the weight);

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sglang.srt.layers import triton_ops
+from sglang.srt.layers import cpu_kernels, triton_ops
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -36,7 +36,7 @@ class RotaryEmbedding(nn.Module):
         """Build cos / sin for this forward's positions (int64[T]); the model calls it once
         per forward, before its layers, so every layer reuses them (the Triton kernel
         reads the caches itself)."""
-        if triton_ops.fused_ops_enabled(positions):
+        if triton_ops.fused_ops_enabled(positions) or self._kernel_usable(positions):
             return
         cos = self.cos_cache.index_select(0, positions).unsqueeze(1)  # [T, 1, rot / 2]
         sin = self.sin_cache.index_select(0, positions).unsqueeze(1)
@@ -56,6 +56,8 @@ class RotaryEmbedding(nn.Module):
         if triton_ops.fused_ops_enabled(q):
             q_rot, k_rot = self._rotate_triton(positions, q), self._rotate_triton(positions, k)
             return q_rot.view(q.shape), k_rot.view(k.shape)
+        if self._kernel_usable(positions) and q.dim() == 2 and k.dim() == 2:
+            return self._rotate_kernel(positions, q), self._rotate_kernel(positions, k)
         cos, sin = self._cos_sin(positions, q.dtype)
         return self._rotate(q, cos, sin).view(q.shape), self._rotate(k, cos, sin).view(k.shape)
 
@@ -63,8 +65,22 @@ class RotaryEmbedding(nn.Module):
         """x: [T, H * D] (any heads, e.g. q and k side by side) -> rotated [T, H, D]."""
         if triton_ops.fused_ops_enabled(x):
             return self._rotate_triton(positions, x)
+        if self._kernel_usable(positions) and x.dim() == 2:
+            return self._rotate_kernel(positions, x).view(x.shape[0], -1, self.head_dim)
         cos, sin = self._cos_sin(positions, x.dtype)
         return self._rotate(x, cos, sin)
+
+    def _kernel_usable(self, positions: torch.Tensor) -> bool:
+        """The CPU kernel rotates in place; it takes decode-sized calls (cpu_kernels)."""
+        return cpu_kernels.fits(positions)
+
+    def _rotate_kernel(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, H * D] with contiguous rows, rotated in place and returned."""
+        if x.stride(-1) != 1 or x.dtype not in cpu_kernels.SUPPORTED_DTYPES:
+            cos, sin = self._cos_sin(positions, x.dtype)
+            return self._rotate(x, cos, sin).view(x.shape)
+        cpu_kernels.load().rotary_neox_(x, positions, self.cos_cache, self.sin_cache, self.head_dim)
+        return x
 
     def _rotate_triton(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         from sglang.srt.layers.triton_ops.rotary import rotary_neox

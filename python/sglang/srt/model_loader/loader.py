@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers import cpu_kernels
 from sglang.srt.model_loader.weight_utils import (
     iterate_weights,
     pt_files,
@@ -65,6 +66,8 @@ def get_model(
         else:
             path = resolve_model_path(model_path or model_config.model_path)
             model.load_weights(weight_iterator(path, load_format))
+    if torch.device(device).type == "cpu":
+        cpu_kernels.load()  # built (or loaded from the cache) at start-up, not mid-request
     return model
 
 

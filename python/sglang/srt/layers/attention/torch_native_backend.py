@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from sglang.srt.layers import cpu_kernels
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 if TYPE_CHECKING:
@@ -72,7 +73,12 @@ class _RaggedExtendMetadata:
     reqs: list[_ReqExtend]
 
 
-_Metadata = _DecodeMetadata | _ExtendMetadata | _RaggedExtendMetadata
+@dataclass
+class _KernelDecode:
+    """Decode through the CPU kernel, which reads req_to_token itself: no metadata."""
+
+
+_Metadata = _DecodeMetadata | _ExtendMetadata | _RaggedExtendMetadata | _KernelDecode
 
 
 # Pad a ragged extend batch to one SDPA call unless padding multiplies the work by more
@@ -106,6 +112,8 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def _build_metadata(self, fb: ForwardBatch, window: int | None) -> _Metadata:
         if fb.forward_mode.is_decode():
+            if self._decode_kernel_usable(fb):
+                return _KernelDecode()
             return self._decode_metadata(fb, window)
         return self._extend_metadata(fb, window)
 
@@ -130,6 +138,11 @@ class TorchNativeAttnBackend(AttentionBackend):
             idx = table[pool_idx.unsqueeze(1), pos].to(torch.int64)
         valid = cols.unsqueeze(0) < kv_lens.unsqueeze(1)
         return idx.masked_fill(~valid, 0), valid
+
+    def _decode_kernel_usable(self, fb: ForwardBatch) -> bool:
+        return fb.token_to_kv_pool.dtype in cpu_kernels.SUPPORTED_DTYPES and cpu_kernels.fits(
+            fb.seq_lens
+        )
 
     def _decode_metadata(self, fb: ForwardBatch, window: int | None) -> _DecodeMetadata:
         """Requests sorted by length (of what they attend to) and cut into chunks, each
@@ -209,7 +222,14 @@ class TorchNativeAttnBackend(AttentionBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        md: _DecodeMetadata = self._metadata_for(layer, forward_batch)
+        md = self._metadata_for(layer, forward_batch)
+        if isinstance(md, _KernelDecode):
+            if q.dtype == forward_batch.token_to_kv_pool.dtype:
+                return _kernel_decode(q, k, v, layer, forward_batch, save_kv_cache)
+            # a KV cache dtype other than the model's: the torch path converts
+            md = self.metadata[layer.sliding_window_size] = self._decode_metadata(
+                forward_batch, layer.sliding_window_size
+            )
         pool = forward_batch.token_to_kv_pool
         bs, hq, hkv, d = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         if save_kv_cache:
@@ -286,6 +306,28 @@ class TorchNativeAttnBackend(AttentionBackend):
         """[bs, H, max_ext, D] -> [T, H * D]."""
         flat = out.transpose(1, 2).reshape(md.bs * md.max_extend_len, width)
         return flat if md.pad_index is None else flat.index_select(0, md.pad_index)
+
+
+def _kernel_decode(q, k, v, layer: RadixAttention, fb: ForwardBatch, save_kv: bool):
+    """q: [bs, Hq * D]; k, v: [bs, Hkv * D] (rows may be strided views of one qkv output)
+    -> [bs, Hq * D]: the new K/V written into the pool and attention read from it, in C++."""
+    out = q.new_empty(q.shape[0], layer.tp_q_head_num * layer.head_dim)
+    cpu_kernels.load().decode_attention(
+        out,
+        q,
+        k,
+        v,
+        fb.token_to_kv_pool.get_kv_buffer(layer.layer_id),
+        fb.out_cache_loc,
+        fb.req_to_token_pool.req_to_token,
+        fb.req_pool_indices,
+        fb.seq_lens,
+        layer.scaling,
+        layer.logit_cap or 0.0,
+        layer.sliding_window_size or 0,
+        save_kv,
+    )
+    return out
 
 
 def _decode_attn(

@@ -1,0 +1,148 @@
+"""Our native CPU kernels (`sgl-kernel/csrc/cpu`), built just in time and cached.
+
+The C++ sources are compiled on first use with torch's C++ extension support (ninja and
+the system compiler) into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default
+~/.cache/torch_extensions), keyed by a hash of the sources and of this CPU's instruction
+set flags (the build uses -march=native), so `pip install -e .` needs no compiler step
+and a later start loads the cached library in milliseconds. Without a compiler, or with
+`SGLANG_CPU_KERNELS=0`, the layers keep their torch ops; the reason is logged once.
+
+The kernels serve small-row calls, where a handful of torch ops per layer cost more
+than their arithmetic: decode and speculative verify batches (at most MAX_FUSED_ROWS
+rows). Larger calls (prefill) keep the torch ops, whose vectorized kernels win there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from sglang.srt.environ import envs
+
+logger = logging.getLogger(__name__)
+
+# Calls with more rows than this (tokens in the batch) take the torch path
+MAX_FUSED_ROWS = 256
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SOURCE_FILES = (
+    "norm.cpp",
+    "activation.cpp",
+    "rotary.cpp",
+    "decode_attention.cpp",
+    "bindings.cpp",
+)
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_state = "unloaded"  # unloaded -> loaded | unavailable
+_paused = 0  # > 0 inside disabled(): every call takes the torch ops
+
+
+def source_dir() -> Path:
+    """sgl-kernel/csrc/cpu of this checkout (the package is installed editable)."""
+    return Path(__file__).resolve().parents[4] / "sgl-kernel" / "csrc" / "cpu"
+
+
+def load() -> ModuleType | None:
+    """The compiled module, building it on the first call; None when it cannot be built
+    (logged once) or SGLANG_CPU_KERNELS=0."""
+    global _module, _state
+    if _state != "unloaded":
+        return _module
+    with _lock:
+        if _state == "unloaded":
+            _module, _state = _build(), "loaded"
+            if _module is None:
+                _state = "unavailable"
+    return _module
+
+
+def _build() -> ModuleType | None:
+    if not envs.SGLANG_CPU_KERNELS.get():
+        logger.info("CPU kernels off (SGLANG_CPU_KERNELS=0): using torch ops")
+        return None
+    src = source_dir()
+    missing = [f for f in SOURCE_FILES if not (src / f).is_file()]
+    if missing:
+        logger.warning("CPU kernels unavailable: %s not found; using torch ops", src / missing[0])
+        return None
+    start = time.perf_counter()
+    try:
+        from torch.utils import cpp_extension  # start-up cost: only when kernels are built
+
+        module = cpp_extension.load(
+            name=_extension_name(src),
+            sources=[str(src / f) for f in SOURCE_FILES],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as exc:  # no compiler, no ninja, a build error: keep serving
+        logger.warning("CPU kernels unavailable (%s); using torch ops", _first_line(exc))
+        return None
+    logger.info("CPU kernels ready in %.1f s (%s)", time.perf_counter() - start, src)
+    return module
+
+
+def _extension_name(src: Path) -> str:
+    """A name per (sources, CPU flags): a cache shared by machines with different
+    instruction sets never loads a library built for another one."""
+    digest = hashlib.sha256()
+    for name in SOURCE_FILES + ("common.h",):
+        digest.update((src / name).read_bytes())
+    digest.update(_cpu_flags().encode())
+    digest.update(torch.__version__.encode())
+    return f"sgl_kernel_cpu_{digest.hexdigest()[:16]}"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether a call on `x` (rows first) takes the kernels: a CPU tensor of a supported
+    dtype with at most MAX_FUSED_ROWS rows, and the kernels built."""
+    return x.dtype in SUPPORTED_DTYPES and fits(x)
+
+
+def fits(index: torch.Tensor) -> bool:
+    """Whether a call with one row per element of `index` (positions, seq_lens) takes the
+    kernels: on CPU, at most MAX_FUSED_ROWS rows, and the kernels built."""
+    return (
+        not _paused
+        and index.device.type == "cpu"
+        and index.shape[0] <= MAX_FUSED_ROWS
+        and load() is not None
+    )
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Within the block every layer takes its torch ops (the kernels' reference, and the
+    other side of an A/B benchmark in one process). Not thread-safe: for tests and
+    benchmarks."""
+    global _paused
+    _paused += 1
+    try:
+        yield
+    finally:
+        _paused -= 1

@@ -1,0 +1,34 @@
+// SiLU-and-mul: [T, 2d] laid out as [gate | up] -> silu(gate) * up, [T, d].
+#include "common.h"
+
+namespace sgl_cpu {
+
+// out: [T, d] (contiguous rows) <- silu(x[:, :d]) * x[:, d:]; silu in float32 and cast to
+// the dtype before the multiply, as torch's F.silu(gate) * up rounds.
+void silu_and_mul_out(at::Tensor& out, const at::Tensor& x) {
+  check_rows(x, "x");
+  check_rows(out, "out");
+  const int64_t rows = x.size(0), d = x.size(1) / 2;
+  TORCH_CHECK(x.size(1) == 2 * d && out.size(0) == rows && out.size(1) == d,
+              "x must be [T, 2d] and out [T, d]");
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "out must have x's dtype");
+  const int64_t x_stride = x.stride(0), o_stride = out.stride(0);
+  SGL_DISPATCH_FLOATS(x.scalar_type(), "silu_and_mul", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain_for(8 * d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* gate = xp + r * x_stride;
+        const scalar_t* up = gate + d;
+        scalar_t* o = op + r * o_stride;
+        for (int64_t i = 0; i < d; ++i) {
+          float g = static_cast<float>(gate[i]);
+          scalar_t act = static_cast<scalar_t>(g / (1.f + std::exp(-g)));
+          o[i] = static_cast<scalar_t>(static_cast<float>(act) * static_cast<float>(up[i]));
+        }
+      }
+    });
+  });
+}
+
+}  // namespace sgl_cpu

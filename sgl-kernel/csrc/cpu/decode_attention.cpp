@@ -1,0 +1,130 @@
+// Paged decode attention: each request's one new query attends over its KV read straight
+// from the pool through req_to_token (no gathered copy), after the new token's K/V are
+// written into the pool. GQA/MQA, sliding windows, logit soft-capping.
+#include <vector>
+
+#include "common.h"
+
+namespace sgl_cpu {
+namespace {
+
+struct DecodeShape {
+  int64_t q_heads, kv_heads, head_dim;
+  int64_t q_stride, out_stride;  // row strides of q and out
+  int64_t slot_stride;           // elements per pool slot: 2 * kv_heads * head_dim
+  int64_t table_stride;          // req_to_token row stride
+  float scale, logit_cap;        // logit_cap 0: none
+  int64_t window;                // 0: full attention
+};
+
+// Writes k, v ([T, Hkv * D], rows may be strided) into pool slots `loc`.
+template <typename T>
+void write_kv(T* pool, const T* k, const T* v, const int64_t* loc, int64_t rows,
+              int64_t k_stride, int64_t v_stride, int64_t slot_stride, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* slot = pool + loc[r] * slot_stride;  // [2, Hkv, D]: K then V
+    std::copy(k + r * k_stride, k + r * k_stride + width, slot);
+    std::copy(v + r * v_stride, v + r * v_stride + width, slot + width);
+  }
+}
+
+// One request, one KV head: the `group` query heads that share it.
+//   q: [group, D]; out: [group, D]; keys/values of slots table[first..seq_len).
+template <typename T>
+void attend_one(const T* q, T* out, const T* pool, const int32_t* slots, int64_t kv_len,
+                int64_t kv_head, int64_t group, const DecodeShape& s, std::vector<float>& scores,
+                std::vector<float>& acc) {
+  const int64_t d = s.head_dim, width = s.kv_heads * d;
+  scores.resize(kv_len);
+  acc.assign(d, 0.f);
+  for (int64_t g = 0; g < group; ++g) {
+    const T* qg = q + g * d;
+    float max_score = -INFINITY;
+    for (int64_t j = 0; j < kv_len; ++j) {
+      const T* key = pool + int64_t(slots[j]) * s.slot_stride + kv_head * d;
+      float score = dot(qg, key, d) * s.scale;
+      if (s.logit_cap > 0.f) score = s.logit_cap * std::tanh(score / s.logit_cap);
+      scores[j] = score;
+      max_score = std::max(max_score, score);
+    }
+    float denom = 0.f;
+    for (int64_t j = 0; j < kv_len; ++j) {
+      scores[j] = std::exp(scores[j] - max_score);
+      denom += scores[j];
+    }
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t j = 0; j < kv_len; ++j) {
+      const T* value = pool + int64_t(slots[j]) * s.slot_stride + width + kv_head * d;
+      const float p = scores[j];
+      for (int64_t i = 0; i < d; ++i) acc[i] += p * static_cast<float>(value[i]);
+    }
+    const float inv = 1.f / denom;
+    for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<T>(acc[i] * inv);
+  }
+}
+
+}  // namespace
+
+// q: [bs, Hq * D]; k, v: [bs, Hkv * D] (rows may be strided); kv_pool: [slots, 2, Hkv, D]
+// contiguous, of q's dtype; loc: int64[bs] (the new tokens' slots); req_to_token:
+// int32[R, L]; req_pool_indices, seq_lens: int64[bs] (seq_lens count the new token);
+// out: [bs, Hq * D]. A request attends to its last min(seq_len, window) tokens.
+void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& v, at::Tensor& kv_pool, const at::Tensor& loc,
+                      const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                      const at::Tensor& seq_lens, double scale, double logit_cap, int64_t window,
+                      bool save_kv) {
+  check_rows(q, "q");
+  check_rows(out, "out");
+  TORCH_CHECK(kv_pool.dim() == 4 && kv_pool.size(1) == 2 && kv_pool.is_contiguous(),
+              "kv_pool must be a contiguous [slots, 2, Hkv, D]");
+  TORCH_CHECK(kv_pool.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
+              "kv_pool and out must have q's dtype");
+  TORCH_CHECK(req_to_token.scalar_type() == at::kInt && req_to_token.stride(1) == 1,
+              "req_to_token must be int32 with contiguous rows");
+  for (const at::Tensor* t : {&loc, &req_pool_indices, &seq_lens}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == q.size(0),
+                "loc, req_pool_indices and seq_lens must be contiguous int64[bs]");
+  }
+  const int64_t bs = q.size(0), kv_heads = kv_pool.size(2), d = kv_pool.size(3);
+  TORCH_CHECK(q.size(1) % (kv_heads * d) == 0, "q heads must be a multiple of the KV heads");
+  const int64_t group = q.size(1) / (kv_heads * d);
+  DecodeShape s{group * kv_heads, kv_heads, d, q.stride(0), out.stride(0),
+                2 * kv_heads * d, req_to_token.stride(0), float(scale), float(logit_cap),
+                window};
+  const int64_t* pool_idx = req_pool_indices.data_ptr<int64_t>();
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  int64_t total_len = 0;
+  for (int64_t b = 0; b < bs; ++b) {
+    TORCH_CHECK(lens[b] >= 1 && lens[b] <= req_to_token.size(1), "seq_len out of range");
+    TORCH_CHECK(pool_idx[b] >= 0 && pool_idx[b] < req_to_token.size(0), "bad req_pool_index");
+    total_len += lens[b];
+  }
+  const int64_t mean_len = std::max<int64_t>(1, total_len / std::max<int64_t>(1, bs));
+  SGL_DISPATCH_FLOATS(q.scalar_type(), "decode_attention", [&] {
+    scalar_t* pool = kv_pool.data_ptr<scalar_t>();
+    if (save_kv) {
+      check_rows(k, "k");
+      check_rows(v, "v");
+      TORCH_CHECK(k.size(1) == kv_heads * d && v.size(1) == kv_heads * d, "k, v: [bs, Hkv * D]");
+      write_kv(pool, k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), loc.data_ptr<int64_t>(),
+               bs, k.stride(0), v.stride(0), s.slot_stride, kv_heads * d);
+    }
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const int32_t* table = req_to_token.data_ptr<int32_t>();
+    at::parallel_for(0, bs * kv_heads, grain_for(2 * mean_len * d * group),
+                     [&](int64_t begin, int64_t end) {
+      std::vector<float> scores, acc;
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t b = item / kv_heads, h = item % kv_heads;
+        const int64_t kv_len = window > 0 ? std::min(lens[b], window) : lens[b];
+        const int32_t* slots = table + pool_idx[b] * s.table_stride + (lens[b] - kv_len);
+        attend_one(qp + b * s.q_stride + h * group * d, op + b * s.out_stride + h * group * d,
+                   pool, slots, kv_len, h, group, s, scores, acc);
+      }
+    });
+  });
+}
+
+}  // namespace sgl_cpu

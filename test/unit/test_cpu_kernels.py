@@ -1,0 +1,255 @@
+"""Our native CPU kernels (sgl-kernel/csrc/cpu) against torch references.
+
+Each op on small shapes: RMSNorm and fused residual-add + RMSNorm, SiLU-and-mul, neox
+rotary (full and partial, strided rows of a fused qkv output), and paged decode
+attention read through req_to_token (random page tables of page size 1 and 4, mixed
+lengths, GQA 1:1 / 4:1 / 8:1, head_dim 48 / 64 / 128, sliding windows, logit caps),
+fp32 to 1e-5 and bf16 to bf16's precision. Then the layers route decode-sized calls to
+the kernels and keep torch ops for large ones and inside `cpu_kernels.disabled()`, and
+a build that cannot find its sources falls back to torch ops.
+
+The first run on a machine compiles the kernels (about a minute on 2 cores); later runs
+load them from torch's extension cache.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers import cpu_kernels
+from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.rotary_embedding import get_rope
+
+FP32_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    module = cpu_kernels.load()
+    assert module is not None, "the CPU kernels did not build (see the log)"
+    return module
+
+
+def _tol(dtype: torch.dtype) -> dict:
+    if dtype == torch.float32:
+        return {"atol": FP32_TOL, "rtol": FP32_TOL}
+    return {"atol": 2e-2, "rtol": 2e-2}
+
+
+def _torch_rmsnorm(x, w, eps):
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,width", [(1, 256), (7, 96), (300, 64)])
+def test_rmsnorm_matches_torch(kernels, dtype, rows, width):
+    x = torch.randn(rows, width, dtype=dtype)
+    w = torch.rand(width, dtype=dtype) + 0.5
+    out = torch.empty_like(x)
+    kernels.rmsnorm_out(out, x, w, 1e-6)
+    torch.testing.assert_close(out, _torch_rmsnorm(x, w, 1e-6), **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_add_rmsnorm_updates_both_in_place(kernels, dtype):
+    x = torch.randn(5, 128, dtype=dtype)
+    residual = torch.randn(5, 128, dtype=dtype)
+    w = torch.rand(128, dtype=dtype) + 0.5
+    summed = x + residual
+    expected = _torch_rmsnorm(summed, w, 1e-5)
+    kernels.fused_add_rmsnorm_(x, residual, w, 1e-5)
+    torch.testing.assert_close(residual, summed, **_tol(dtype))
+    torch.testing.assert_close(x, expected, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,d", [(1, 704), (3, 17), (64, 128)])
+def test_silu_and_mul_matches_torch(kernels, dtype, rows, d):
+    x = torch.randn(rows, 2 * d, dtype=dtype) * 3
+    out = x.new_empty(rows, d)
+    kernels.silu_and_mul_out(out, x)
+    torch.testing.assert_close(out, F.silu(x[:, :d]) * x[:, d:], **_tol(dtype))
+
+
+@pytest.mark.parametrize("head_dim,partial", [(64, 1.0), (128, 1.0), (48, 1.0), (64, 0.5)])
+def test_rotary_in_place_on_strided_qkv_rows(kernels, head_dim, partial):
+    rope = get_rope(head_dim, 512, 10000.0, None, partial)
+    t, hq, hkv = 6, 4, 2
+    qkv = torch.randn(t, (hq + 2 * hkv) * head_dim)
+    positions = torch.randint(0, 512, (t,))
+    qk_width = (hq + hkv) * head_dim
+    with cpu_kernels.disabled():
+        expected = rope.rotate_heads(positions, qkv[:, :qk_width].clone()).reshape(t, -1)
+    v_before = qkv[:, qk_width:].clone()
+    qk = qkv[:, :qk_width]  # a strided view: rows of the fused output
+    kernels.rotary_neox_(qk, positions, rope.cos_cache, rope.sin_cache, head_dim)
+    torch.testing.assert_close(qkv[:, :qk_width], expected, atol=FP32_TOL, rtol=FP32_TOL)
+    assert torch.equal(qkv[:, qk_width:], v_before)  # v untouched
+
+
+def test_rotary_rejects_positions_outside_the_cache(kernels):
+    rope = get_rope(64, 16, 10000.0)
+    x = torch.randn(1, 64)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        kernels.rotary_neox_(x, torch.tensor([16]), rope.cos_cache, rope.sin_cache, 64)
+
+
+# -- decode attention ---------------------------------------------------------------------
+
+
+def _page_table(lens: list[int], page_size: int, gen: torch.Generator):
+    """Random page-aligned slots per request: (req_to_token int32[R, L], rows, num_slots)."""
+    pages_per_req = [-(-n // page_size) for n in lens]
+    total_pages = sum(pages_per_req) + 3
+    page_ids = (torch.randperm(total_pages, generator=gen) + 1).tolist()  # page 0: padding
+    width = max(lens) + 4
+    table = torch.zeros(len(lens) + 2, width, dtype=torch.int32)
+    rows = [r + 1 for r in range(len(lens))]
+    for b, (n, row) in enumerate(zip(lens, rows)):
+        mine = page_ids[sum(pages_per_req[:b]) : sum(pages_per_req[: b + 1])]
+        slots = [p * page_size + i for p in mine for i in range(page_size)][:n]
+        table[row, :n] = torch.tensor(slots, dtype=torch.int32)
+    return table, rows, (total_pages + 1) * page_size
+
+
+def _reference_decode(q, pool, table, rows, lens, scale, window, cap, hkv):
+    """q: [bs, Hq, D] -> [bs, Hq, D], attention over each request's gathered slots."""
+    outs = []
+    for b, (row, n) in enumerate(zip(rows, lens)):
+        kv_len = min(n, window) if window else n
+        slots = table[row, n - kv_len : n].long()
+        keys = pool[slots, 0].float().transpose(0, 1)  # [Hkv, S, D]
+        values = pool[slots, 1].float().transpose(0, 1)
+        group = q.shape[1] // hkv
+        keys = keys.repeat_interleave(group, 0)
+        values = values.repeat_interleave(group, 0)
+        scores = torch.einsum("hd,hsd->hs", q[b].float(), keys) * scale
+        if cap:
+            scores = cap * torch.tanh(scores / cap)
+        outs.append(torch.einsum("hs,hsd->hd", scores.softmax(-1), values))
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (8, 1)])
+@pytest.mark.parametrize("head_dim", [48, 64, 128])
+def test_decode_attention_reads_the_pool_through_req_to_token(
+    kernels, page_size, hq, hkv, head_dim
+):
+    gen = torch.Generator().manual_seed(hq * 1000 + head_dim * 10 + page_size)
+    lens = [1, 37, 5, 64, 13]
+    table, rows, num_slots = _page_table(lens, page_size, gen)
+    pool = torch.randn(num_slots, 2, hkv, head_dim, generator=gen)
+    bs = len(lens)
+    qkv = torch.randn(bs, (hq + 2 * hkv) * head_dim, generator=gen)
+    q = qkv[:, : hq * head_dim]
+    k = qkv[:, hq * head_dim : (hq + hkv) * head_dim]
+    v = qkv[:, (hq + hkv) * head_dim :]
+    loc = torch.tensor([table[r, n - 1].item() for r, n in zip(rows, lens)], dtype=torch.int64)
+    out = q.new_empty(bs, hq * head_dim)
+    scale = head_dim**-0.5
+    kernels.decode_attention(
+        out, q, k, v, pool, loc, table, torch.tensor(rows), torch.tensor(lens), scale, 0.0, 0, True
+    )
+    assert torch.equal(pool[loc, 0], k.reshape(bs, hkv, head_dim))  # the new K/V were written
+    assert torch.equal(pool[loc, 1], v.reshape(bs, hkv, head_dim))
+    expected = _reference_decode(
+        q.view(bs, hq, head_dim), pool, table, rows, lens, scale, 0, 0, hkv
+    )
+    torch.testing.assert_close(out.view(bs, hq, head_dim), expected, atol=FP32_TOL, rtol=FP32_TOL)
+
+
+@pytest.mark.parametrize("window,cap", [(8, 0.0), (0, 30.0), (3, 5.0)])
+def test_decode_attention_window_and_logit_cap(kernels, window, cap):
+    gen = torch.Generator().manual_seed(window * 7 + int(cap))
+    lens, hq, hkv, d = [20, 2, 9], 4, 2, 64
+    table, rows, num_slots = _page_table(lens, 1, gen)
+    pool = torch.randn(num_slots, 2, hkv, d, generator=gen) * 3
+    q = torch.randn(len(lens), hq * d, generator=gen) * 3
+    out = torch.empty_like(q)
+    kernels.decode_attention(
+        out, q, q, q, pool, torch.zeros(3, dtype=torch.int64), table, torch.tensor(rows),
+        torch.tensor(lens), d**-0.5, cap, window, False,
+    )  # fmt: skip
+    expected = _reference_decode(
+        q.view(3, hq, d), pool, table, rows, lens, d**-0.5, window, cap, hkv
+    )
+    torch.testing.assert_close(out.view(3, hq, d), expected, atol=FP32_TOL, rtol=FP32_TOL)
+
+
+def test_decode_attention_bf16(kernels):
+    gen = torch.Generator().manual_seed(3)
+    lens, hq, hkv, d = [30, 7], 8, 2, 64
+    table, rows, num_slots = _page_table(lens, 4, gen)
+    pool = torch.randn(num_slots, 2, hkv, d, generator=gen).bfloat16()
+    q = torch.randn(2, hq * d, generator=gen).bfloat16()
+    out = torch.empty_like(q)
+    kernels.decode_attention(
+        out, q, q, q, pool, torch.zeros(2, dtype=torch.int64), table, torch.tensor(rows),
+        torch.tensor(lens), d**-0.5, 0.0, 0, False,
+    )  # fmt: skip
+    expected = _reference_decode(q.view(2, hq, d), pool, table, rows, lens, d**-0.5, 0, 0, hkv)
+    torch.testing.assert_close(out.view(2, hq, d).float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_decode_attention_rejects_a_bad_seq_len(kernels):
+    table = torch.zeros(2, 8, dtype=torch.int32)
+    pool = torch.zeros(4, 2, 1, 64)
+    q = torch.zeros(1, 64)
+    with pytest.raises(RuntimeError, match="seq_len out of range"):
+        kernels.decode_attention(
+            q.clone(), q, q, q, pool, torch.zeros(1, dtype=torch.int64), table,
+            torch.tensor([1]), torch.tensor([9]), 0.125, 0.0, 0, False,
+        )  # fmt: skip
+
+
+# -- routing in the layers ----------------------------------------------------------------
+
+
+def test_layers_take_the_kernels_for_decode_sized_calls_only(kernels, monkeypatch):
+    calls = []
+    real = kernels.silu_and_mul_out
+    monkeypatch.setattr(kernels, "silu_and_mul_out", lambda *a: calls.append(1) or real(*a))
+    act = SiluAndMul()
+    small = torch.randn(4, 64)
+    out = act(small)
+    torch.testing.assert_close(out, F.silu(small[:, :32]) * small[:, 32:])
+    assert calls == [1]
+    act(torch.randn(cpu_kernels.MAX_FUSED_ROWS + 1, 64))  # prefill-sized: torch ops
+    with cpu_kernels.disabled():
+        act(small)
+    assert calls == [1]
+
+
+def test_rmsnorm_layer_same_result_either_path(kernels):
+    norm = RMSNorm(96, eps=1e-6)
+    norm.weight.data = torch.rand(96) + 0.5
+    x, residual = torch.randn(3, 96), torch.randn(3, 96)
+    with cpu_kernels.disabled():
+        want_out, want_res = norm(x.clone(), residual.clone())
+        want_plain = norm(x.clone())
+    got_out, got_res = norm(x.clone(), residual.clone())
+    torch.testing.assert_close(got_out, want_out, atol=FP32_TOL, rtol=FP32_TOL)
+    torch.testing.assert_close(got_res, want_res, atol=FP32_TOL, rtol=FP32_TOL)
+    plain_in = x.clone()
+    torch.testing.assert_close(norm(plain_in), want_plain, atol=FP32_TOL, rtol=FP32_TOL)
+    assert torch.equal(plain_in, x)  # without a residual the input is left as it was
+
+
+def test_missing_sources_fall_back_to_torch_ops(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(cpu_kernels, "source_dir", lambda: tmp_path)
+    with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
+        assert cpu_kernels._build() is None
+    assert "CPU kernels unavailable" in caplog.text and "using torch ops" in caplog.text
+
+
+def test_switched_off_by_environment(monkeypatch):
+    monkeypatch.setenv("SGLANG_CPU_KERNELS", "0")
+    assert cpu_kernels._build() is None
