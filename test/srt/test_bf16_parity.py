@@ -1,0 +1,79 @@
+"""bf16 on CPU vs HF transformers in bf16, on the tiny Llama and Qwen3 (qk-norm).
+
+`dtype auto` keeps a bf16 checkpoint in bf16 on CPUs with native bf16 matmuls
+(resolvers.cpu_native_half_flags); `--dtype bfloat16` runs it anywhere. Both sides
+round every op to bf16 in their own order, so the tolerances are bf16's, documented
+here and in docs/config.md:
+- prompt logprobs: max |ours - HF| <= 0.1, mean <= 0.02 (fp32: 1e-3);
+- greedy decode (the CPU kernels' path: fused norms, rotary, paged decode attention):
+  at each step HF, teacher-forced on our tokens, ranks our token first or within 0.1
+  logprob of its first (a near-tie that bf16 rounding may break either way).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.runtime_context import get_context
+from sglang.test.hf_reference import hf_logits, hf_prompt_logprobs, load_hf_model
+from sglang.test.runner_utils import MiniReq, MiniScheduler
+
+MAX_LOGPROB_ERR, MEAN_LOGPROB_ERR = 0.1, 0.02
+NEAR_TIE_LOGPROB = 0.1
+GREEDY_TOKENS = 24
+PROMPTS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n",
+    "The quick brown fox",
+    "import os\nimport sys\n\nclass Config:\n    def __init__(self, path):",
+    "for i in range(10):\n    print(i * i)",
+]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def setup(request, tiny_model_dir):
+    model_dir = str(tiny_model_dir(request.param))
+    with get_context().override_server_args(
+        model_path=model_dir, device="cpu", max_total_tokens=4096, max_running_requests=8
+    ):
+        worker = TpModelWorker(ModelConfig(model_dir, dtype="bfloat16"))
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(f"{model_dir}/tokenizer.json")
+    prompts = [tokenizer.encode(p).ids for p in PROMPTS]
+    yield worker, load_hf_model(model_dir, torch.bfloat16), prompts
+    worker.token_to_kv_pool_allocator.check_integrity()
+
+
+def test_runs_in_bf16(setup):
+    worker, _, _ = setup
+    assert worker.model_runner.model_config.dtype == torch.bfloat16
+    assert worker.model_runner.token_to_kv_pool.dtype == torch.bfloat16
+
+
+def test_prompt_logprobs_within_bf16_tolerance(setup):
+    worker, hf, prompts = setup
+    sched = MiniScheduler(worker)
+    reqs = [MiniReq(p) for p in prompts]
+    batch = sched.build_extend(reqs, return_logprob=True, logprob_start_lens=[0] * len(reqs))
+    result = sched.run(reqs, batch)
+    errors = []
+    for prompt, ours in zip(prompts, result.input_token_logprobs):
+        ref = torch.tensor(hf_prompt_logprobs(hf, prompt))
+        errors.append((torch.tensor(ours[1:]) - ref).abs())
+    sched.release(reqs)
+    err = torch.cat(errors)
+    assert err.max() <= MAX_LOGPROB_ERR, f"max {err.max():.4f}"
+    assert err.mean() <= MEAN_LOGPROB_ERR, f"mean {err.mean():.4f}"
+
+
+def test_greedy_decode_agrees_with_hf_up_to_near_ties(setup):
+    worker, hf, prompts = setup
+    outputs = MiniScheduler(worker).generate([MiniReq(p) for p in prompts], GREEDY_TOKENS)
+    for prompt, ours in zip(prompts, outputs):
+        logprobs = torch.log_softmax(hf_logits(hf, prompt + ours)[len(prompt) - 1 : -1], -1)
+        chosen = logprobs.gather(1, torch.tensor(ours).unsqueeze(1)).squeeze(1)
+        gap = logprobs.max(-1).values - chosen  # 0 where HF agrees
+        assert gap.max() <= NEAR_TIE_LOGPROB, f"step {int(gap.argmax())}: gap {gap.max():.3f}"
