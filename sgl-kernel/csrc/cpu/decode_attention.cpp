@@ -28,38 +28,44 @@ void write_kv(T* pool, const T* k, const T* v, const int64_t* loc, int64_t rows,
   }
 }
 
-// One request, one KV head: the `group` query heads that share it.
-//   q: [group, D]; out: [group, D]; keys/values of slots table[first..seq_len).
+// One request, one KV head: the `group` query heads that share it, each key and value
+// row read once for all of them.
+//   q: [group, D]; out: [group, D]; keys/values of the kv_len slots listed in `slots`.
+//   scores: [group, kv_len] and acc: [group, D], scratch.
 template <typename T>
 void attend_one(const T* q, T* out, const T* pool, const int32_t* slots, int64_t kv_len,
                 int64_t kv_head, int64_t group, const DecodeShape& s, std::vector<float>& scores,
                 std::vector<float>& acc) {
   const int64_t d = s.head_dim, width = s.kv_heads * d;
-  scores.resize(kv_len);
-  acc.assign(d, 0.f);
-  for (int64_t g = 0; g < group; ++g) {
-    const T* qg = q + g * d;
-    float max_score = -INFINITY;
-    for (int64_t j = 0; j < kv_len; ++j) {
-      const T* key = pool + int64_t(slots[j]) * s.slot_stride + kv_head * d;
-      float score = dot(qg, key, d) * s.scale;
+  scores.resize(group * kv_len);
+  acc.assign(group * d, 0.f);
+  for (int64_t j = 0; j < kv_len; ++j) {
+    const T* key = pool + int64_t(slots[j]) * s.slot_stride + kv_head * d;
+    for (int64_t g = 0; g < group; ++g) {
+      float score = dot(q + g * d, key, d) * s.scale;
       if (s.logit_cap > 0.f) score = s.logit_cap * std::tanh(score / s.logit_cap);
-      scores[j] = score;
-      max_score = std::max(max_score, score);
+      scores[g * kv_len + j] = score;
     }
+  }
+  for (int64_t g = 0; g < group; ++g) {  // softmax of each row, normalised at the end
+    float* row = scores.data() + g * kv_len;
+    const float max_score = *std::max_element(row, row + kv_len);
+    for (int64_t j = 0; j < kv_len; ++j) row[j] = std::exp(row[j] - max_score);
+  }
+  for (int64_t j = 0; j < kv_len; ++j) {
+    const T* value = pool + int64_t(slots[j]) * s.slot_stride + width + kv_head * d;
+    for (int64_t g = 0; g < group; ++g) {
+      const float p = scores[g * kv_len + j];
+      float* a = acc.data() + g * d;
+      for (int64_t i = 0; i < d; ++i) a[i] += p * static_cast<float>(value[i]);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const float* row = scores.data() + g * kv_len;
     float denom = 0.f;
-    for (int64_t j = 0; j < kv_len; ++j) {
-      scores[j] = std::exp(scores[j] - max_score);
-      denom += scores[j];
-    }
-    std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t j = 0; j < kv_len; ++j) {
-      const T* value = pool + int64_t(slots[j]) * s.slot_stride + width + kv_head * d;
-      const float p = scores[j];
-      for (int64_t i = 0; i < d; ++i) acc[i] += p * static_cast<float>(value[i]);
-    }
+    for (int64_t j = 0; j < kv_len; ++j) denom += row[j];
     const float inv = 1.f / denom;
-    for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<T>(acc[i] * inv);
+    for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<T>(acc[g * d + i] * inv);
   }
 }
 
