@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
@@ -188,3 +189,27 @@ def test_use_ray_without_ray_exits_2_naming_the_extra(tiny_llama_dir):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert 'pip install -e ".[ray]"' in proc.stderr
+
+
+def test_use_ray_dead_actor_answers_503_and_the_server_exits_1(
+    ray_address, tiny_llama_dir, tmp_path
+):
+    srv = start_server(
+        tiny_llama_dir, tmp_path / "server.log", "--use-ray", env={"RAY_ADDRESS": ray_address}
+    )
+    try:
+        states = requests.get(srv.base_url + "/server_info", timeout=30).json()["internal_states"]
+        body = {"input_ids": [5, 6, 7], "sampling_params": {**GREEDY, "max_new_tokens": 3000}}
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(requests.post, srv.base_url + "/generate", json=body, timeout=120)
+            time.sleep(1.5)  # decoding
+            killed_at = time.monotonic()
+            psutil.Process(states[0]["pid"]).kill()
+            status = pending.result(timeout=30).status_code
+            answered_s = time.monotonic() - killed_at
+        assert status == 503 and answered_s < ANSWER_WITHIN_S, (status, answered_s)
+        assert srv.proc.wait(timeout=30) == 1
+        assert "exited unexpectedly" in srv.log()
+    finally:
+        srv.stop(signal.SIGKILL)
+    assert scheduler_actors() == [] and created_groups() == []
