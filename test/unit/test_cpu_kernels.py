@@ -1,9 +1,10 @@
 """Our native CPU kernels (sgl-kernel/csrc/cpu) against torch references.
 
 Each op on small shapes: RMSNorm and fused residual-add + RMSNorm, SiLU-and-mul, neox
-rotary (full and partial, strided rows of a fused qkv output), and paged decode
-attention read through req_to_token (random page tables of page size 1 and 4, mixed
-lengths, GQA 1:1 / 4:1 / 8:1, head_dim 48 / 64 / 128, sliding windows, logit caps),
+rotary (full and partial, strided rows of a fused qkv output), and paged attention read
+through req_to_token, decode and small extends over a cached prefix (random page tables
+of page size 1 and 4, mixed lengths, GQA 1:1 / 4:1 / 8:1, head_dim 48 / 64 / 128,
+sliding windows, logit caps),
 fp32 to 1e-5 and bf16 to bf16's precision. Then the layers route decode-sized calls to
 the kernels and keep torch ops for large ones and inside `cpu_kernels.disabled()`, and
 a build that cannot find its sources falls back to torch ops.
@@ -26,6 +27,7 @@ from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.rotary_embedding import get_rope
 
 FP32_TOL = 1e-5
+NO_EXT = torch.empty(0, dtype=torch.int64)  # decode: one new token per request
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +157,21 @@ def test_decode_attention_reads_the_pool_through_req_to_token(
     loc = torch.tensor([table[r, n - 1].item() for r, n in zip(rows, lens)], dtype=torch.int64)
     out = q.new_empty(bs, hq * head_dim)
     scale = head_dim**-0.5
-    kernels.decode_attention(
-        out, q, k, v, pool, loc, table, torch.tensor(rows), torch.tensor(lens), scale, 0.0, 0, True
+    kernels.paged_attention(
+        out,
+        q,
+        k,
+        v,
+        pool,
+        loc,
+        table,
+        torch.tensor(rows),
+        torch.tensor(lens),
+        NO_EXT,
+        scale,
+        0.0,
+        0,
+        True,
     )
     assert torch.equal(pool[loc, 0], k.reshape(bs, hkv, head_dim))  # the new K/V were written
     assert torch.equal(pool[loc, 1], v.reshape(bs, hkv, head_dim))
@@ -174,14 +189,52 @@ def test_decode_attention_window_and_logit_cap(kernels, window, cap):
     pool = torch.randn(num_slots, 2, hkv, d, generator=gen) * 3
     q = torch.randn(len(lens), hq * d, generator=gen) * 3
     out = torch.empty_like(q)
-    kernels.decode_attention(
+    kernels.paged_attention(
         out, q, q, q, pool, torch.zeros(3, dtype=torch.int64), table, torch.tensor(rows),
-        torch.tensor(lens), d**-0.5, cap, window, False,
+        torch.tensor(lens), NO_EXT, d**-0.5, cap, window, False,
     )  # fmt: skip
     expected = _reference_decode(
         q.view(3, hq, d), pool, table, rows, lens, d**-0.5, window, cap, hkv
     )
     torch.testing.assert_close(out.view(3, hq, d), expected, atol=FP32_TOL, rtol=FP32_TOL)
+
+
+@pytest.mark.parametrize("window", [0, 4])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2)])
+def test_extend_attention_is_causal_over_prefix_and_new_tokens(kernels, window, hq, hkv):
+    """Each new token (position p) sees its request's keys at (p - window, p]: the cached
+    prefix and the new tokens before it (the speculative verify shape: k + 1 per request)."""
+    gen = torch.Generator().manual_seed(window + hq)
+    prefix, ext, d = [0, 30, 7], [5, 4, 1], 64
+    lens = [p + e for p, e in zip(prefix, ext)]
+    table, rows, num_slots = _page_table(lens, 4, gen)
+    pool = torch.randn(num_slots, 2, hkv, d, generator=gen)
+    t = sum(ext)
+    q = torch.randn(t, hq * d, generator=gen)
+    k, v = torch.randn(t, hkv * d, generator=gen), torch.randn(t, hkv * d, generator=gen)
+    loc = torch.cat([table[r, p:n].long() for r, p, n in zip(rows, prefix, lens)])
+    out = torch.empty_like(q)
+    kernels.paged_attention(
+        out, q, k, v, pool, loc, table, torch.tensor(rows), torch.tensor(lens),
+        torch.tensor(ext), d**-0.5, 0.0, window, True,
+    )  # fmt: skip
+    # per new token: a decode over its request's first p + 1 positions
+    tok_rows = [r for r, e in zip(rows, ext) for _ in range(e)]
+    tok_lens = [p + i + 1 for p, e in zip(prefix, ext) for i in range(e)]
+    expected = _reference_decode(q.view(t, hq, d), pool, table, tok_rows, tok_lens, d**-0.5,
+                                 window, 0, hkv)  # fmt: skip
+    torch.testing.assert_close(out.view(t, hq, d), expected, atol=FP32_TOL, rtol=FP32_TOL)
+
+
+def test_extend_lens_must_cover_q_rows(kernels):
+    table = torch.zeros(2, 8, dtype=torch.int32)
+    pool = torch.zeros(4, 2, 1, 64)
+    q = torch.zeros(3, 64)
+    with pytest.raises(RuntimeError, match="q has 3 rows but the batch has 2 new tokens"):
+        kernels.paged_attention(
+            q.clone(), q, q, q, pool, torch.zeros(3, dtype=torch.int64), table,
+            torch.tensor([1]), torch.tensor([4]), torch.tensor([2]), 0.125, 0.0, 0, False,
+        )  # fmt: skip
 
 
 def test_decode_attention_bf16(kernels):
@@ -191,9 +244,9 @@ def test_decode_attention_bf16(kernels):
     pool = torch.randn(num_slots, 2, hkv, d, generator=gen).bfloat16()
     q = torch.randn(2, hq * d, generator=gen).bfloat16()
     out = torch.empty_like(q)
-    kernels.decode_attention(
+    kernels.paged_attention(
         out, q, q, q, pool, torch.zeros(2, dtype=torch.int64), table, torch.tensor(rows),
-        torch.tensor(lens), d**-0.5, 0.0, 0, False,
+        torch.tensor(lens), NO_EXT, d**-0.5, 0.0, 0, False,
     )  # fmt: skip
     expected = _reference_decode(q.view(2, hq, d), pool, table, rows, lens, d**-0.5, 0, 0, hkv)
     torch.testing.assert_close(out.view(2, hq, d).float(), expected, atol=2e-2, rtol=2e-2)
@@ -204,9 +257,9 @@ def test_decode_attention_rejects_a_bad_seq_len(kernels):
     pool = torch.zeros(4, 2, 1, 64)
     q = torch.zeros(1, 64)
     with pytest.raises(RuntimeError, match="seq_len out of range"):
-        kernels.decode_attention(
+        kernels.paged_attention(
             q.clone(), q, q, q, pool, torch.zeros(1, dtype=torch.int64), table,
-            torch.tensor([1]), torch.tensor([9]), 0.125, 0.0, 0, False,
+            torch.tensor([1]), torch.tensor([9]), NO_EXT, 0.125, 0.0, 0, False,
         )  # fmt: skip
 
 

@@ -7,11 +7,11 @@ void fused_add_rmsnorm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& w
 void silu_and_mul_out(at::Tensor& out, const at::Tensor& x);
 void rotary_neox_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_cache,
                   const at::Tensor& sin_cache, int64_t head_dim);
-void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
-                      const at::Tensor& v, at::Tensor& kv_pool, const at::Tensor& loc,
-                      const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                      const at::Tensor& seq_lens, double scale, double logit_cap, int64_t window,
-                      bool save_kv);
+void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, at::Tensor& kv_pool, const at::Tensor& loc,
+                     const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                     const at::Tensor& seq_lens, const at::Tensor& extend_lens, double scale,
+                     double logit_cap, int64_t window, bool save_kv);
 }  // namespace sgl_cpu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -20,6 +20,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "residual <- x + residual; x <- rmsnorm(residual) * w, in place");
   m.def("silu_and_mul_out", &sgl_cpu::silu_and_mul_out, "out <- silu(gate) * up");
   m.def("rotary_neox_", &sgl_cpu::rotary_neox_, "neox rotary embedding, in place");
-  m.def("decode_attention", &sgl_cpu::decode_attention,
-        "paged decode attention over the KV pool (writes the new K/V first)");
+  m.def("paged_attention", &sgl_cpu::paged_attention,
+        "causal attention of new tokens over the paged KV pool (writes their K/V first)");
 }

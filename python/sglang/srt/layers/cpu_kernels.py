@@ -36,7 +36,7 @@ SOURCE_FILES = (
     "norm.cpp",
     "activation.cpp",
     "rotary.cpp",
-    "decode_attention.cpp",
+    "paged_attention.cpp",
     "bindings.cpp",
 )
 

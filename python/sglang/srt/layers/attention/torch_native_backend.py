@@ -74,15 +74,20 @@ class _RaggedExtendMetadata:
 
 
 @dataclass
-class _KernelDecode:
-    """Decode through the CPU kernel, which reads req_to_token itself: no metadata."""
+class _KernelPaged:
+    """Attention through the CPU paged-attention kernel, which reads req_to_token itself."""
+
+    extend_lens: torch.Tensor  # int64[bs] new tokens per request; empty for decode
 
 
-_Metadata = _DecodeMetadata | _ExtendMetadata | _RaggedExtendMetadata | _KernelDecode
+_Metadata = _DecodeMetadata | _ExtendMetadata | _RaggedExtendMetadata | _KernelPaged
 
 
 # Pad a ragged extend batch to one SDPA call unless padding multiplies the work by more
 _MAX_PAD_WASTE = 2.0
+# Extends of at most this many new tokens per request (speculative verify, short chunks)
+# take the CPU kernel; longer ones SDPA, whose blocked GEMMs win over a prompt
+_KERNEL_MAX_EXTEND = 16
 # Decode gathers K/V for this many bytes of requests at a time: attention then reads the
 # gathered copy from cache instead of memory (about 20% faster on CPU at batch 64).
 # Requests are taken in length order, so each chunk pads only to its own longest
@@ -111,9 +116,11 @@ class TorchNativeAttnBackend(AttentionBackend):
         return self.metadata[window]
 
     def _build_metadata(self, fb: ForwardBatch, window: int | None) -> _Metadata:
+        if self._kernel_usable(fb):
+            if fb.forward_mode.is_decode():
+                return _KernelPaged(_NO_EXTEND_LENS)
+            return _KernelPaged(torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64))
         if fb.forward_mode.is_decode():
-            if self._decode_kernel_usable(fb):
-                return _KernelDecode()
             return self._decode_metadata(fb, window)
         return self._extend_metadata(fb, window)
 
@@ -139,10 +146,24 @@ class TorchNativeAttnBackend(AttentionBackend):
         valid = cols.unsqueeze(0) < kv_lens.unsqueeze(1)
         return idx.masked_fill(~valid, 0), valid
 
-    def _decode_kernel_usable(self, fb: ForwardBatch) -> bool:
-        return fb.token_to_kv_pool.dtype in cpu_kernels.SUPPORTED_DTYPES and cpu_kernels.fits(
-            fb.seq_lens
-        )
+    @staticmethod
+    def _kernel_usable(fb: ForwardBatch) -> bool:
+        """Decode, or an extend of few new tokens per request, on CPU with the kernels."""
+        if fb.token_to_kv_pool.dtype not in cpu_kernels.SUPPORTED_DTYPES:
+            return False
+        if not fb.forward_mode.is_decode() and (
+            not fb.extend_seq_lens_cpu or max(fb.extend_seq_lens_cpu) > _KERNEL_MAX_EXTEND
+        ):
+            return False
+        return cpu_kernels.fits(fb.out_cache_loc)
+
+    def _torch_metadata(self, layer: RadixAttention, fb: ForwardBatch) -> _Metadata:
+        """The torch path's metadata for this layer's window, replacing a kernel's (used
+        when q's dtype is not the pool's: a --kv-cache-dtype other than the model's)."""
+        window = layer.sliding_window_size
+        build = self._decode_metadata if fb.forward_mode.is_decode() else self._extend_metadata
+        self.metadata[window] = build(fb, window)
+        return self.metadata[window]
 
     def _decode_metadata(self, fb: ForwardBatch, window: int | None) -> _DecodeMetadata:
         """Requests sorted by length (of what they attend to) and cut into chunks, each
@@ -223,13 +244,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
         md = self._metadata_for(layer, forward_batch)
-        if isinstance(md, _KernelDecode):
+        if isinstance(md, _KernelPaged):
             if q.dtype == forward_batch.token_to_kv_pool.dtype:
-                return _kernel_decode(q, k, v, layer, forward_batch, save_kv_cache)
-            # a KV cache dtype other than the model's: the torch path converts
-            md = self.metadata[layer.sliding_window_size] = self._decode_metadata(
-                forward_batch, layer.sliding_window_size
-            )
+                return _kernel_attention(q, k, v, layer, forward_batch, md, save_kv_cache)
+            md = self._torch_metadata(layer, forward_batch)
         pool = forward_batch.token_to_kv_pool
         bs, hq, hkv, d = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         if save_kv_cache:
@@ -258,6 +276,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
         md = self._metadata_for(layer, forward_batch)
+        if isinstance(md, _KernelPaged):
+            if q.dtype == forward_batch.token_to_kv_pool.dtype:
+                return _kernel_attention(q, k, v, layer, forward_batch, md, save_kv_cache)
+            md = self._torch_metadata(layer, forward_batch)
         pool = forward_batch.token_to_kv_pool
         t, hq, hkv, d = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         k, v = k.view(t, hkv, d), v.view(t, hkv, d)
@@ -308,11 +330,16 @@ class TorchNativeAttnBackend(AttentionBackend):
         return flat if md.pad_index is None else flat.index_select(0, md.pad_index)
 
 
-def _kernel_decode(q, k, v, layer: RadixAttention, fb: ForwardBatch, save_kv: bool):
-    """q: [bs, Hq * D]; k, v: [bs, Hkv * D] (rows may be strided views of one qkv output)
-    -> [bs, Hq * D]: the new K/V written into the pool and attention read from it, in C++."""
+_NO_EXTEND_LENS = torch.empty(0, dtype=torch.int64)
+
+
+def _kernel_attention(
+    q, k, v, layer: RadixAttention, fb: ForwardBatch, md: _KernelPaged, save_kv: bool
+) -> torch.Tensor:
+    """q: [T, Hq * D]; k, v: [T, Hkv * D] (rows may be strided views of one qkv output)
+    -> [T, Hq * D]: the new K/V written into the pool and attention read from it, in C++."""
     out = q.new_empty(q.shape[0], layer.tp_q_head_num * layer.head_dim)
-    cpu_kernels.load().decode_attention(
+    cpu_kernels.load().paged_attention(
         out,
         q,
         k,
@@ -322,6 +349,7 @@ def _kernel_decode(q, k, v, layer: RadixAttention, fb: ForwardBatch, save_kv: bo
         fb.req_to_token_pool.req_to_token,
         fb.req_pool_indices,
         fb.seq_lens,
+        md.extend_lens,
         layer.scaling,
         layer.logit_cap or 0.0,
         layer.sliding_window_size or 0,
