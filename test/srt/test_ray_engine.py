@@ -115,12 +115,16 @@ def test_dp2_on_callers_group_equals_engine_and_leaves_the_group(
         remove_placement_group(group)
 
 
-def test_own_group_removed_and_a_dead_actor_fails_pending_requests(ray_address, tiny_llama_dir):
+def test_tp2_on_its_own_group_then_a_dead_rank_fails_pending_requests(
+    ray_address, tiny_llama_dir, reference
+):
     import sglang as sgl
 
-    llm = sgl.RayEngine(model_path=str(tiny_llama_dir), **LIGHT)
+    llm = sgl.RayEngine(model_path=str(tiny_llama_dir), tp_size=2, **LIGHT)
     group = llm._placement_group
-    assert group_state(group) == "CREATED"
+    assert group_state(group) == "CREATED" and len(group.bundle_specs) == 2
+    outs = llm.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in outs] == reference
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -133,7 +137,7 @@ def test_own_group_removed_and_a_dead_actor_fails_pending_requests(ray_address, 
     thread.start()
     assert seen_busy(llm.tokenizer_manager.forward_clock, within_s=5.0)  # the shared clock
     pids = llm.child_pids()
-    psutil.Process(pids["scheduler"]).kill()
+    psutil.Process(pids["scheduler (tp rank 1)"]).kill()
     killed_at = time.monotonic()
     thread.join(timeout=15)
     assert not thread.is_alive(), "the pending generate did not fail"

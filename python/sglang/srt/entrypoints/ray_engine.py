@@ -145,7 +145,13 @@ class ActorProcess:
         """Wait until the actor runs; refuse one placed off this launcher's node."""
         import ray
 
-        self.pid, node_id = ray.get(self._where_ref, timeout=ACTOR_CALL_TIMEOUT_S)
+        try:
+            self.pid, node_id = ray.get(self._where_ref, timeout=ACTOR_CALL_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"the {role} actor did not start within {ACTOR_CALL_TIMEOUT_S:.0f} s "
+                "(does its bundle of the placement group have room for it?)"
+            ) from None
         here = ray.get_runtime_context().get_node_id()
         if node_id != here:
             raise RuntimeError(
