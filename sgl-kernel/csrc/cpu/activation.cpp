@@ -23,7 +23,7 @@ void silu_and_mul_out(at::Tensor& out, const at::Tensor& x) {
         scalar_t* o = op + r * o_stride;
         for (int64_t i = 0; i < d; ++i) {
           float g = static_cast<float>(gate[i]);
-          scalar_t act = static_cast<scalar_t>(g / (1.f + std::exp(-g)));
+          scalar_t act = static_cast<scalar_t>(g / (1.f + exp_f32(-g)));
           o[i] = static_cast<scalar_t>(static_cast<float>(act) * static_cast<float>(up[i]));
         }
       }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace sgl_cpu {
 
@@ -56,6 +57,26 @@ inline float dot(const TA* a, const TB* b, int64_t n) {
   for (int j = 0; j < kLanes; ++j) total += acc[j];
   for (; i < n; ++i) total += static_cast<float>(a[i]) * static_cast<float>(b[i]);
   return total;
+}
+
+// exp(x) for float32, vectorizable (plain arithmetic and bit operations, no libm call):
+// Cephes' expf, range-reduced to r in [-ln2/2, ln2/2] and a degree-6 polynomial; within
+// 2 ulp of std::exp over [-87, 88] (x below -87 gives ~0, above 88 saturates).
+inline float exp_f32(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);  // round(x / ln2)
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;      // x - n ln2, in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
 }
 
 inline void check_rows(const at::Tensor& t, const char* name) {

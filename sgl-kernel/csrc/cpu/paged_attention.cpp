@@ -51,7 +51,7 @@ void attend_one(const T* q, T* out, const T* pool, const int32_t* slots, int64_t
   for (int64_t g = 0; g < group; ++g) {  // softmax of each row, normalised at the end
     float* row = scores.data() + g * kv_len;
     const float max_score = *std::max_element(row, row + kv_len);
-    for (int64_t j = 0; j < kv_len; ++j) row[j] = std::exp(row[j] - max_score);
+    for (int64_t j = 0; j < kv_len; ++j) row[j] = exp_f32(row[j] - max_score);
   }
   for (int64_t j = 0; j < kv_len; ++j) {
     const T* value = pool + int64_t(slots[j]) * s.slot_stride + width + kv_head * d;
