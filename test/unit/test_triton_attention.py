@@ -264,3 +264,64 @@ def test_tiny_llama_greedy_matches_torch_native(tiny_llama_dir):
         worker.token_to_kv_pool_allocator.check_integrity()
     assert tokens["triton"] == tokens["torch_native"]
     torch.testing.assert_close(logits["triton"], logits["torch_native"], atol=TOL, rtol=0)
+
+
+class _EagerReplay:
+    """A stand-in for a captured CUDA graph (none on cpu): replay re-runs the forward that
+    was captured, on the same static buffers and the backend metadata of capture time."""
+
+    def __init__(self, graphs, fb: ForwardBatch) -> None:
+        self.graphs, self.fb = graphs, fb
+        self.metadata = graphs.runner.attn_backend.metadata
+
+    def replay(self) -> None:
+        self.graphs.runner.attn_backend.metadata = self.metadata
+        self.graphs.logits[self.fb.batch_size].copy_(self.graphs._forward(self.fb))
+
+
+def _eager_graph_runner(runner, max_bs: int):
+    """CudaGraphRunner with its capture (the only cuda-only step) replaced by _EagerReplay."""
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+    class EagerGraphs(CudaGraphRunner):
+        def _capture_all(self) -> None:
+            for bs in self.batch_sizes:
+                fb = self.static_batches[bs] = self._static_batch(bs, [1] * bs)
+                self.runner.attn_backend.init_forward_metadata_capture_cuda_graph(fb)
+                self.graphs[bs], self.logits[bs] = _EagerReplay(self, fb), self._forward(fb)
+
+    return EagerGraphs(runner, max_bs)
+
+
+def test_tiny_llama_graph_replay_path_keeps_greedy_tokens(tiny_llama_dir):
+    """The CUDA-graph decode path (static inputs, padding 3 -> 4, the triton
+    backend's static metadata, ForwardBatch.init_new leaving the metadata to the replay),
+    with the capture itself replaced by an eager re-run: greedy tokens are unchanged."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.runtime_context import get_context
+    from sglang.test.runner_utils import MiniReq, MiniScheduler
+
+    model_dir = str(tiny_llama_dir)
+    prompts = [list(range(10 + i, 20 + 5 * i)) for i in range(3)]
+    with get_context().override_server_args(
+        model_path=model_dir, device="cpu", max_total_tokens=1024, attention_backend="triton"
+    ):
+        worker = TpModelWorker(ModelConfig(model_dir))
+    sched = MiniScheduler(worker)
+    eager = sched.generate([MiniReq(p) for p in prompts], 3)
+    runner = worker.model_runner
+    runner.graph_runner = _eager_graph_runner(runner, max_bs=4)
+    replays = []
+    runner.graph_runner.replay = _recording(runner.graph_runner.replay, replays)
+    assert sched.generate([MiniReq(p) for p in prompts], 3) == eager
+    assert replays == [3, 3]  # every decode step replayed
+    worker.token_to_kv_pool_allocator.check_integrity()
+
+
+def _recording(fn, calls: list):
+    def wrapper(fb):
+        calls.append(fb.batch_size)
+        return fn(fb)
+
+    return wrapper

@@ -67,7 +67,6 @@ class AttentionBackend:
         window)."""
         raise NotImplementedError
 
-
     # -- CUDA graphs (decode) -------------------------------------------------------------
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
