@@ -48,14 +48,17 @@ class ParallelArgs:
     )
     nnodes: int = arg(
         1,
-        "Number of nodes the TP ranks are spread over (tp_size/nnodes ranks per node); "
-        "needs --dist-init-addr. Node 0 serves HTTP, the others run scheduler ranks only.",
+        "Number of nodes the scheduler ranks are spread over: with --dp-size 1 each node "
+        "runs tp_size/nnodes TP ranks, with --dp-size > 1 each node runs dp_size/nnodes "
+        "whole DP groups. Needs --dist-init-addr. Node 0 serves HTTP, the others run "
+        "scheduler ranks only.",
     )
     node_rank: int = arg(0, "Rank of this node, 0-based (0 serves HTTP).")
     dist_init_addr: str | None = arg(
         None,
-        "host:port of the torch.distributed rendezvous (required with --nnodes > 1: "
-        "node 0's address, reachable from every node).",
+        "host:port on node 0, reachable from every node (required with --nnodes > 1): "
+        "the torch.distributed rendezvous, and with --dp-size > 1 the base of the ports "
+        "node 0 binds for the other nodes' DP groups (docs/scaling.md).",
     )
     enable_dp_attention: bool = arg(
         False,
@@ -84,3 +87,48 @@ def node_tp_ranks(tp_size: int, nnodes: int, node_rank: int) -> range:
     """The TP ranks node `node_rank` runs: a contiguous block, rank 0 on node 0."""
     per_node = tp_size // nnodes
     return range(node_rank * per_node, (node_rank + 1) * per_node)
+
+
+# Ports of --dist-init-addr host:P with dp_size > 1 across nodes, all bound on node 0:
+#   P + d                  TP rendezvous of node 0's DP rank d (d < dp_size/nnodes)
+#   P + 100 + 2*(k-1)      node 0 -> node k link (requests, control, heartbeats)
+#   P + 101 + 2*(k-1)      node k -> node 0 link (outputs, replies, load, heartbeats)
+MAX_DP_RANKS_PER_NODE = 100
+NODE_LINK_PORT_OFFSET = 100
+
+
+def node_link_ports(dist_port: int, node_rank: int) -> tuple[int, int]:
+    """(node 0 -> node k port, node k -> node 0 port) for node `node_rank` = k >= 1."""
+    down_port = dist_port + NODE_LINK_PORT_OFFSET + 2 * (node_rank - 1)
+    return down_port, down_port + 1
+
+
+def node_dp_ranks(dp_size: int, nnodes: int, node_rank: int) -> range:
+    """The DP ranks node `node_rank` runs whole: a contiguous block, DP rank 0 on node 0.
+
+    With dp_size 1 the one DP rank spans every node (its TP ranks are split instead).
+    """
+    if dp_size == 1:
+        return range(1)
+    per_node = dp_size // nnodes
+    return range(node_rank * per_node, (node_rank + 1) * per_node)
+
+
+def node_of_dp_rank(dp_size: int, nnodes: int, dp_rank: int) -> int:
+    """The node that runs DP rank `dp_rank` (dp_size > 1)."""
+    return dp_rank // (dp_size // nnodes)
+
+
+def tp_ranks_per_node(tp_size: int, dp_size: int, nnodes: int) -> int:
+    """How many of a DP group's TP ranks share a node: all of them when the nodes split
+    the DP groups (dp_size > 1), tp_size/nnodes when they split the TP ranks."""
+    return tp_size if dp_size > 1 else tp_size // nnodes
+
+
+def node_scheduler_ranks(
+    tp_size: int, dp_size: int, nnodes: int, node_rank: int
+) -> tuple[range, range]:
+    """(DP ranks, TP ranks of each of them) that node `node_rank` runs."""
+    if dp_size == 1:
+        return range(1), node_tp_ranks(tp_size, nnodes, node_rank)
+    return node_dp_ranks(dp_size, nnodes, node_rank), range(tp_size)

@@ -20,6 +20,7 @@ from sglang.srt.arg_groups.attention_support import (
     flashinfer_unavailable_reason,
     triton_unavailable_reason,
 )
+from sglang.srt.arg_groups.parallel import MAX_DP_RANKS_PER_NODE
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,9 @@ def _check_topology(c: Any) -> None:
 
 
 def _check_multi_node(c: Any) -> None:
-    if c.tp_size % c.nnodes:
+    if c.dp_size > 1:
+        _check_multi_node_dp(c)
+    elif c.tp_size % c.nnodes:
         raise ValueError(
             f"nnodes={c.nnodes} is not accepted with tp_size={c.tp_size}: each node runs "
             "tp_size/nnodes TP ranks, so nnodes must divide tp_size"
@@ -101,10 +104,22 @@ def _check_multi_node(c: Any) -> None:
             f"nnodes={c.nnodes} needs dist_init_addr (--dist-init-addr host:port): the "
             "torch.distributed rendezvous on node 0 that every node's ranks join"
         )
-    if c.dp_size > 1:
+
+
+def _check_multi_node_dp(c: Any) -> None:
+    """dp_size > 1 across nodes: each node runs dp_size/nnodes whole DP groups (all
+    tp_size ranks of a group on one node); a group split over nodes is not built."""
+    if c.dp_size % c.nnodes:
         raise ValueError(
-            f"dp_size={c.dp_size} is not supported yet with nnodes={c.nnodes} (issue: "
-            "data parallelism across nodes); use --dp-size 1 (tensor parallelism across nodes)"
+            f"dp_size={c.dp_size} is not accepted with nnodes={c.nnodes}: each node runs "
+            "dp_size/nnodes whole DP groups (tp_size ranks each), so nnodes must divide "
+            "dp_size (a DP group split across nodes is not supported)"
+        )
+    if c.dp_size // c.nnodes > MAX_DP_RANKS_PER_NODE:
+        raise ValueError(
+            f"dp_size={c.dp_size} is not accepted with nnodes={c.nnodes}: at most "
+            f"{MAX_DP_RANKS_PER_NODE} DP groups per node (ports P..P+"
+            f"{MAX_DP_RANKS_PER_NODE - 1} of --dist-init-addr are node 0's TP rendezvous)"
         )
 
 

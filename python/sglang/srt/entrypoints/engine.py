@@ -33,6 +33,7 @@ from sglang.srt.managers.io_struct import (
     GenerateReqInput,
 )
 from sglang.srt.managers.ipc import PortArgs
+from sglang.srt.managers.node_link import NodeLost, WorkerNodeLink
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.sampling.param_types import InvalidParamError, check_num_samples
 from sglang.srt.utils import kill_process_tree
@@ -108,11 +109,18 @@ class ChildProcesses:
     def wait_until_one_exits(self) -> str:
         """Block until a child exits (none is expected to); the death message."""
         while True:
-            for role, proc in self.procs:
-                if not proc.is_alive():
-                    self._report_death(role, proc)
-                    return self.dead_message or ""
+            message = self.exited_message()
+            if message is not None:
+                return message
             time.sleep(WATCHDOG_POLL_S)
+
+    def exited_message(self) -> str | None:
+        """The death message if a child has exited (reported once found), else None."""
+        for role, proc in self.procs:
+            if not proc.is_alive():
+                self._report_death(role, proc)
+                return self.dead_message or ""
+        return None
 
     def shutdown(self) -> None:
         """Stop every child (SIGTERM, then SIGKILL); idempotent."""
@@ -201,7 +209,7 @@ def _launch_subprocesses(
     from sglang.srt.parser.chat_template import resolve_auto_parsers
     from sglang.srt.server_args import resolution_result
 
-    # Unsupported topologies (pp_size, dp_size > 1 with nnodes > 1) are refused when
+    # Unsupported topologies (pp_size, a DP group split across nodes) are refused when
     # the ServerArgs is built or resolved (arg_groups), not here.
     server_args.resolve_once()
     if int(resolution_result(server_args, "node_rank")) > 0:
@@ -217,7 +225,8 @@ def _launch_subprocesses(
     children = ChildProcesses(port_args)
     ctx = mp.get_context("spawn")
     try:
-        clocks = _forward_clocks(ctx, children, dp_size, placement_group)
+        # one clock per DP rank of this node: the others' schedulers are out of reach
+        clocks = _forward_clocks(ctx, children, len(_node_dp_ranks(server_args)), placement_group)
         readers = _launch_scheduler_processes(
             ctx, children, server_args, port_args, clocks, placement_group
         )
@@ -238,9 +247,7 @@ def _launch_subprocesses(
         infos = {
             role: _wait_ready(role, proc, reader, ready_timeout_s) for role, proc, reader in readers
         }
-        ready_info = _replicas_ready_info(
-            [infos[role] for role in _first_tp_roles(dp_size, server_args)]
-        )
+        ready_info = _replicas_ready_info(_rank_ready_infos(infos, server_args))
         tokenizer_manager = TokenizerManager(server_args, port_args, ready_info=ready_info)
         tokenizer_manager.forward_clock = clocks[0] if dp_size == 1 else ForwardClocks(clocks)
         _record_detected_parsers(tokenizer_manager, server_args)
@@ -260,11 +267,35 @@ def scheduler_role(dp_size: int, tp_size: int, dp_rank: int, tp_rank: int) -> st
     return f"scheduler ({', '.join(ranks)})" if ranks else "scheduler"
 
 
-def _first_tp_roles(dp_size: int, server_args: Any) -> list[str]:
+def _first_tp_roles(server_args: Any) -> list[str]:
+    """The roles of the first TP rank of each DP rank this node runs."""
     from sglang.srt.server_args import resolution_result
 
     tp_size = int(resolution_result(server_args, "tp_size"))
-    return [scheduler_role(dp_size, tp_size, d, 0) for d in range(dp_size)]
+    dp_size = int(resolution_result(server_args, "dp_size"))
+    return [scheduler_role(dp_size, tp_size, d, 0) for d in _node_dp_ranks(server_args)]
+
+
+def _rank_ready_infos(infos: dict[str, dict[str, Any]], server_args: Any) -> list[dict[str, Any]]:
+    """Each DP rank's ready info: this node's from its first TP rank, the other nodes'
+    as the DP controller received them over their links."""
+    remote = infos.get("dp_controller", {}).get("remote_rank_infos", {})
+    return [infos[role] for role in _first_tp_roles(server_args)] + list(remote.values())
+
+
+def _node_dp_ranks(server_args: Any) -> range:
+    from sglang.srt.arg_groups.parallel import node_scheduler_ranks
+
+    dp_ranks, _ = node_scheduler_ranks(*_layout(server_args))
+    return dp_ranks
+
+
+def _layout(server_args: Any) -> tuple[int, int, int, int]:
+    """(tp_size, dp_size, nnodes, node_rank)."""
+    from sglang.srt.server_args import resolution_result
+
+    names = ("tp_size", "dp_size", "nnodes", "node_rank")
+    return tuple(int(resolution_result(server_args, name)) for name in names)
 
 
 def _forward_clocks(
@@ -285,36 +316,38 @@ def _launch_scheduler_processes(
     clocks: list,
     placement_group: Any = None,
 ) -> list[tuple[str, Any, Any]]:
-    """This node's scheduler processes of each DP rank (all tp_size of them with one
-    node); rank 0 of each shares that DP rank's clock. With a Ray `placement_group`,
-    every rank is an actor in its bundle instead."""
+    """This node's scheduler processes: of each of its DP ranks, the TP ranks it runs
+    (all tp_size of them unless one DP rank's TP ranks span the nodes); `clocks` has
+    one entry per DP rank of this node, shared by its TP rank 0. With a Ray
+    `placement_group`, every rank is an actor in its bundle instead."""
     if placement_group is not None:
         from sglang.srt.entrypoints.ray_engine import launch_scheduler_actors  # cycle
 
         return launch_scheduler_actors(children, server_args, port_args, clocks, placement_group)
-    from sglang.srt.arg_groups.parallel import node_tp_ranks
+    from sglang.srt.arg_groups.parallel import node_scheduler_ranks
     from sglang.srt.managers.scheduler_entry import run_scheduler_process
-    from sglang.srt.server_args import resolution_result
 
-    tp_size = int(resolution_result(server_args, "tp_size"))
-    nnodes = int(resolution_result(server_args, "nnodes"))
-    node_rank = int(resolution_result(server_args, "node_rank"))
+    tp_size, dp_size, nnodes, node_rank = _layout(server_args)
+    dp_ranks, tp_ranks = node_scheduler_ranks(tp_size, dp_size, nnodes, node_rank)
     readers = []
-    for dp_rank, clock in enumerate(clocks):
+    for dp_rank, clock in zip(dp_ranks, clocks, strict=True):
         rank_args = port_args.for_dp_rank(dp_rank)
-        for tp_rank in node_tp_ranks(tp_size, nnodes, node_rank):
-            role = scheduler_role(len(clocks), tp_size, dp_rank, tp_rank)
+        for tp_rank in tp_ranks:
+            role = scheduler_role(dp_size, tp_size, dp_rank, tp_rank)
             args = (server_args, rank_args, tp_rank, clock if tp_rank == 0 else None)
             readers.append(_spawn_child(ctx, children, role, run_scheduler_process, args))
     return readers
 
 
 def run_worker_node(server_args: Any) -> int:
-    """Node `node_rank` > 0 of a multi-node server: run this node's TP ranks until one
-    exits (none should: a peer node lost, or node 0 stopped, ends them); exit code 1.
+    """Node `node_rank` > 0 of a multi-node server: run this node's scheduler ranks until
+    one exits or node 0 is lost (none should: a peer node lost, or node 0 stopped, ends
+    them); exit code 1.
 
-    Its ranks never talk ZMQ (rank 0, on node 0, does); they meet node 0's ranks at
-    the dist_init_addr rendezvous. SIGTERM/SIGINT (SystemExit) stop them.
+    With dp_size 1 its TP ranks never talk ZMQ (rank 0, on node 0, does); they meet
+    node 0's ranks at the dist_init_addr rendezvous. With dp_size > 1 it runs whole DP
+    groups, each with a local rendezvous, and relays their queues over the link to
+    node 0's DP controller (node_link.py). SIGTERM/SIGINT (SystemExit) stop them.
     """
     from sglang.srt.environ import envs
     from sglang.srt.parser.chat_template import resolve_auto_parsers
@@ -322,20 +355,47 @@ def run_worker_node(server_args: Any) -> int:
 
     server_args.resolve_once()
     server_args = resolve_auto_parsers(server_args)  # the same config as node 0's ranks
-    port_args = PortArgs.init_new(resolution_result(server_args, "dist_init_addr"))
+    dist_init_addr = resolution_result(server_args, "dist_init_addr")
+    _, dp_size, _, node_rank = _layout(server_args)
+    dp_ranks = _node_dp_ranks(server_args)
+    # whole DP groups here: their TP rendezvous are this node's (free local ports)
+    port_args = PortArgs.init_new(dist_init_addr if dp_size == 1 else None, dp_size)
     children = ChildProcesses(port_args)
+    link = None
     ctx = mp.get_context("spawn")
     try:
-        readers = _launch_scheduler_processes(ctx, children, server_args, port_args, [None])
+        if dp_size > 1:  # bound before the schedulers start pushing to its queues
+            link = WorkerNodeLink(port_args, dist_init_addr, node_rank, dp_ranks)
+        clocks = [None] * len(dp_ranks)
+        readers = _launch_scheduler_processes(ctx, children, server_args, port_args, clocks)
         ready_timeout_s = envs.SGLANG_CHILD_READY_TIMEOUT.get()
-        for role, proc, reader in readers:
-            _wait_ready(role, proc, reader, ready_timeout_s)
+        infos = {
+            role: _wait_ready(role, proc, reader, ready_timeout_s) for role, proc, reader in readers
+        }
         logger.info("node ready: %s", ", ".join(role for role, _ in children.procs))
-        children.wait_until_one_exits()
-        logger.error("this node stops: a TP rank here exited (a peer node lost or stopped?)")
-        return 1
+        if link is None:
+            children.wait_until_one_exits()
+            logger.error("this node stops: a TP rank here exited (a peer node lost or stopped?)")
+            return 1
+        link.send_ready(dict(zip(dp_ranks, (infos[r] for r in _first_tp_roles(server_args)))))
+        return _relay_until_stopped(children, link)
     finally:
         children.shutdown()
+        if link is not None:
+            link.close()
+
+
+def _relay_until_stopped(children: ChildProcesses, link: WorkerNodeLink) -> int:
+    """Node k > 0 with whole DP groups: relay their queues to and from node 0 until a
+    scheduler here exits or node 0 is lost; the exit code (1)."""
+    while children.exited_message() is None:
+        try:
+            link.pump(WATCHDOG_POLL_S)
+        except NodeLost as exc:
+            logger.error("this node stops: %s (node 0 lost or stopped?)", exc)
+            return 1
+    logger.error("this node stops: a scheduler here exited")
+    return 1
 
 
 def _spawn_child(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang.srt.arg_groups.parallel import tp_ranks_per_node
 from sglang.srt.runtime_context import get_parallel
 
 
@@ -30,7 +31,8 @@ def init_tensor_parallel(tp_size: int, tp_rank: int, init_method: str, device: s
     """Join the TP process group (no-op for tp_size 1).
 
     With nnodes > 1 the ranks of every node join one rendezvous (node 0's
-    dist_init_addr); a rank's device index is its index on its node.
+    dist_init_addr; with dp_size > 1 a group's ranks share a node and its own
+    rendezvous); a rank's device index is its index on its node.
     """
     if tp_size == 1:
         return
@@ -46,7 +48,7 @@ def init_tensor_parallel(tp_size: int, tp_rank: int, init_method: str, device: s
         world_size=tp_size,
         rank=tp_rank,
         distributed_init_method=init_method,
-        local_rank=tp_rank % (tp_size // widths.nnodes),
+        local_rank=tp_rank % tp_ranks_per_node(tp_size, widths.dp_size, widths.nnodes),
         backend=default_backend(device),
         timeout_s=envs.SGLANG_DIST_TIMEOUT.get(),
     )
