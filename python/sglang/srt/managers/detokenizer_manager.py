@@ -285,7 +285,7 @@ def _build(port_args: Any):
 
     from sglang.srt.managers.ipc import PullEndpoint, PushEndpoint
 
-    ctx = zmq.Context(2)
+    ctx = zmq.Context(1)  # one I/O thread: two sockets, 2 cores to share
     recv_from_scheduler = PullEndpoint(ctx, port_args.detokenizer_ipc_name)
     manager = DetokenizerManager(
         _await_tokenizer(recv_from_scheduler),

@@ -254,8 +254,12 @@ class BatchStrOutput:
         Every field but `new_texts` has a namesake on BatchTokenIDOutput, so a field
         added to both messages travels without touching the detokenizer.
         """
-        shared = {f.name: getattr(msg, f.name) for f in fields(cls) if f.name != "new_texts"}
+        shared = {name: getattr(msg, name) for name in _STR_OUTPUT_SHARED_FIELDS}
         return cls(new_texts=new_texts, **shared)
+
+
+# BatchStrOutput's fields copied from BatchTokenIDOutput (read once, not per message)
+_STR_OUTPUT_SHARED_FIELDS = tuple(f.name for f in fields(BatchStrOutput) if f.name != "new_texts")
 
 
 # ----------------------------------------------------------------------------

@@ -383,7 +383,7 @@ def build_scheduler(port_args: Any, tp_rank: int, forward_clock: ForwardClock | 
     tp_worker = TpModelWorker(model_config, tp_rank=tp_rank)
     reporter = None
     if tp_rank == 0:
-        ctx = zmq.Context(2)
+        ctx = zmq.Context(1)  # one I/O thread: a handful of sockets, 2 cores to share
         if port_args.load_report_ipc_name:  # one of several DP ranks
             push = PushEndpoint(ctx, port_args.load_report_ipc_name)
             reporter = LoadReporter(push, port_args.dp_rank)

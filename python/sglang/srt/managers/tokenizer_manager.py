@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-import zmq.asyncio
 from pydantic import BaseModel, ValidationError
 
 from sglang.srt.managers.forward_clock import ForwardClock
@@ -147,9 +146,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
 
     def _init_ipc(self) -> None:
         self._sync_ctx = zmq.Context(1)
-        self._async_ctx = zmq.asyncio.Context(1)
         self.recv_from_detokenizer = AsyncPullEndpoint(
-            self._async_ctx, self.port_args.tokenizer_ipc_name
+            self._sync_ctx, self.port_args.tokenizer_ipc_name
         )
         self.send_to_scheduler = PushEndpoint(
             self._sync_ctx, self.port_args.scheduler_input_ipc_name
