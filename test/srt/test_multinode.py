@@ -33,10 +33,12 @@ def _generate(base_url: str, sampling_params: dict) -> list[list[int]]:
     return [out["output_ids"] for out in r.json()]
 
 
-def _start_worker_node(model_dir: Path, log_path: Path, dist_addr: str) -> subprocess.Popen:
+def start_worker_node(
+    model_dir: Path, log_path: Path, dist_addr: str, parallel: tuple[str, ...] = ("--tp-size", "2")
+) -> subprocess.Popen:
     """Node 1: its own launcher (its own process group), no HTTP port."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-           *SMALL_SERVER_FLAGS, "--log-level", "info", "--tp-size", "2", "--nnodes", "2",
+           *SMALL_SERVER_FLAGS, "--log-level", "info", *parallel, "--nnodes", "2",
            "--node-rank", "1", "--dist-init-addr", dist_addr]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(log_path, "wb") as log:
@@ -44,7 +46,8 @@ def _start_worker_node(model_dir: Path, log_path: Path, dist_addr: str) -> subpr
                                 start_new_session=True)  # fmt: skip
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the launcher, then SIGKILL its whole process group."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -64,20 +67,20 @@ class TwoNodes:
     def __init__(self, model_dir: Path, tmp_path: Path) -> None:
         dist_addr = f"127.0.0.1:{free_port()}"
         self.node1_log = tmp_path / "node1.log"
-        self.node1 = _start_worker_node(model_dir, self.node1_log, dist_addr)
+        self.node1 = start_worker_node(model_dir, self.node1_log, dist_addr)
         self.node0: ServerProcess | None = None
         try:
             self.node0 = start_server(model_dir, tmp_path / "node0.log", "--tp-size", "2",
                                       "--nnodes", "2", "--node-rank", "0",
                                       "--dist-init-addr", dist_addr)  # fmt: skip
         except BaseException:
-            _stop_group(self.node1)
+            stop_group(self.node1)
             raise
 
     def close(self) -> None:
         if self.node0 is not None:
             self.node0.stop(signal.SIGKILL)
-        _stop_group(self.node1)
+        stop_group(self.node1)
 
 
 @pytest.fixture
@@ -126,7 +129,7 @@ def test_losing_node1_fails_requests_fast_and_both_exit(two_nodes):
     assert node0.proc.wait(timeout=30) != 0
     assert "scheduler (tp rank 0)" in node0.log() and "exited unexpectedly" in node0.log()
     assert answered_s < ANSWER_WITHIN_S
-    _assert_all_gone(tree0 + tree1)
+    assert_all_gone(tree0 + tree1)
 
 
 def test_node1_exits_nonzero_when_node0_goes(two_nodes):
@@ -135,10 +138,10 @@ def test_node1_exits_nonzero_when_node0_goes(two_nodes):
     os.killpg(node0.proc.pid, signal.SIGKILL)
     assert node1.wait(timeout=30) == 1
     assert "exited unexpectedly" in two_nodes.node1_log.read_text(errors="replace")
-    _assert_all_gone(tree1)
+    assert_all_gone(tree1)
 
 
-def _assert_all_gone(tree: list[psutil.Process]) -> None:
+def assert_all_gone(tree: list[psutil.Process]) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         alive = [p for p in tree if _alive(p)]

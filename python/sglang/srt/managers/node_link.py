@@ -102,6 +102,7 @@ class _LinkEnd:
         self._monitors = [s.get_monitor_socket(zmq.EVENT_DISCONNECTED) for s in self._sockets]
         self.last_heard_s: float | None = None
         self._last_heartbeat_s = 0.0
+        self.closed = False
 
     @property
     def monitors(self) -> list[zmq.Socket]:
@@ -110,7 +111,7 @@ class _LinkEnd:
     def heard(self) -> None:
         self.last_heard_s = time.monotonic()
 
-    def check_alive(self, sender: _LinkSender) -> None:
+    def _check_alive(self, sender: _LinkSender) -> None:
         """Send a heartbeat when due; raise NodeLost if the peer dropped or went silent."""
         now_s = time.monotonic()
         if now_s - self._last_heartbeat_s >= HEARTBEAT_INTERVAL_S:
@@ -143,6 +144,10 @@ class _LinkEnd:
                 out.append((tag, parts[1] if len(parts) > 1 else None))
 
     def close(self) -> None:
+        """Close the link's sockets; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
         for socket in self._sockets:
             socket.disable_monitor()
         for socket in self._monitors + self._sockets:
@@ -176,8 +181,9 @@ class RemoteNode(_LinkEnd):
     def recv_nowait(self) -> list[tuple[bytes, Any]]:
         return self.recv_tagged_nowait(self.up_socket)
 
-    def check_alive(self) -> None:  # type: ignore[override]
-        super().check_alive(self._sender)
+    def check_alive(self) -> None:
+        """Heartbeat when due, send what waited; NodeLost if node k dropped or is silent."""
+        self._check_alive(self._sender)
 
     def wait_ready(self, timeout_s: float) -> dict[int, dict[str, Any]]:
         """Block until node k reports its DP groups ready; their ready infos by DP rank."""
@@ -248,9 +254,11 @@ class WorkerNodeLink(_LinkEnd):
         for tag, pull in self._from_ranks:
             for frame in pull.recv_frames_nowait():
                 self._sender.send(tag, frame)
-        self.check_alive(self._sender)
+        self._check_alive(self._sender)
 
     def close(self) -> None:
+        if self.closed:
+            return
         super().close()
         for endpoint in self._to_ranks.values():
             endpoint.close()
