@@ -306,3 +306,14 @@ def test_missing_sources_fall_back_to_torch_ops(tmp_path, monkeypatch, caplog):
 def test_switched_off_by_environment(monkeypatch):
     monkeypatch.setenv("SGLANG_CPU_KERNELS", "0")
     assert cpu_kernels._build() is None
+
+
+def test_ninja_beside_the_interpreter_is_put_on_path(tmp_path, monkeypatch):
+    """torch runs `ninja` from PATH; the venv's (the `ninja` dependency) serves when the
+    venv is not activated and the system has none."""
+    (tmp_path / "ninja").write_text("")
+    monkeypatch.setattr(cpu_kernels.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(cpu_kernels.shutil, "which", lambda name: None)
+    monkeypatch.setenv("PATH", "/usr/bin")
+    cpu_kernels._put_venv_ninja_on_path()
+    assert cpu_kernels.os.environ["PATH"].split(cpu_kernels.os.pathsep)[0] == str(tmp_path)

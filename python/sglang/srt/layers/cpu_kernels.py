@@ -17,6 +17,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
+import shutil
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -74,6 +77,7 @@ def _build() -> ModuleType | None:
     if missing:
         logger.warning("CPU kernels unavailable: %s not found; using torch ops", src / missing[0])
         return None
+    _put_venv_ninja_on_path()
     start = time.perf_counter()
     try:
         from torch.utils import cpp_extension  # start-up cost: only when kernels are built
@@ -90,6 +94,14 @@ def _build() -> ModuleType | None:
         return None
     logger.info("CPU kernels ready in %.1f s (%s)", time.perf_counter() - start, src)
     return module
+
+
+def _put_venv_ninja_on_path() -> None:
+    """torch runs `ninja` from PATH; the `ninja` dependency installs it beside this
+    interpreter, which is not on PATH when the venv is not activated."""
+    venv_bin = Path(sys.executable).parent
+    if shutil.which("ninja") is None and (venv_bin / "ninja").is_file():
+        os.environ["PATH"] = f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def _extension_name(src: Path) -> str:
