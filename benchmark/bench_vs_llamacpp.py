@@ -14,14 +14,18 @@ The load generator is `sglang.bench_serving` (openai backend), used as a library
 is summed over the server's process tree (psutil) when the load has finished.
 
 Prints a markdown table of medians over the runs (ITL: each run's median and mean gap
-between streamed chunks; the mean shows stalls that the median hides). `--check-greedy` first compares the
-greedy tokens of both servers on a few prompts.
+between streamed chunks; the mean shows stalls that the median hides). `--check-greedy`
+first compares both servers' greedy tokens on a few prompts. On a machine shared with
+other work, 2-thread servers can stall; `--ours-args="--num-threads 1" --llama-threads 1`
+runs both at one thread. A request llama-server drops unanswered on a kept-alive
+connection is sent once more (counted in the log and the JSON as resent_requests).
 
 Cache (`--cache-dir`, default ~/.cache/sglang-bench), reused by later runs:
   llama.cpp/                 vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist
   llama.cpp/build/bin/llama-server   built here if absent (cmake, -j2, nice 19; 7-10 min)
   convert-<hash>/            copy of convert_hf_to_gguf.py + conversion/ with the
-                             pre-tokenizer workaround (unknown hash -> "gpt-2")
+                             pre-tokenizer workaround (unknown hash -> "gpt-2") and
+                             a BPE fallback when sentencepiece is not installed
   gguf/demo-<hash>-f32.gguf  the demo model in GGUF f32, keyed by its files' hash
 """
 
@@ -293,6 +297,21 @@ def bench_args(base_url: str, concurrency: int) -> argparse.Namespace:
     return args
 
 
+_send_request = bench_serving.send_request
+_resent_requests = [0]  # how many requests were sent again (logged per run)
+
+
+async def send_request_resending(client: Any, args: argparse.Namespace, req: Any) -> Any:
+    """bench_serving.send_request, sent once more when the server closed a kept-alive
+    connection before answering (llama-server's cpp-httplib does; httpx does not retry a POST).
+    The lost attempt is not timed: the server never saw the request."""
+    result = await _send_request(client, args, req)
+    if not result.success and "without sending a response" in result.error:
+        _resent_requests[0] += 1
+        result = await _send_request(client, args, req)
+    return result
+
+
 def run_load(base_url: str, prompts: list[list[int]], output_len: int, concurrency: int) -> dict:
     """bench_serving's openai backend; a list of ints as `prompt` goes out as token ids."""
     args = bench_args(base_url, concurrency)
@@ -300,8 +319,12 @@ def run_load(base_url: str, prompts: list[list[int]], output_len: int, concurren
         bench_serving.BenchRequest(prompt=ids, prompt_len=len(ids), output_len=output_len)
         for ids in prompts
     ]
+    bench_serving.send_request = send_request_resending  # run_benchmark calls it by name
+    _resent_requests[0] = 0
     results, duration_s = asyncio.run(bench_serving.run_benchmark(args, requests))
-    return bench_serving.summarize(results, duration_s)
+    summary = bench_serving.summarize(results, duration_s)
+    summary["resent_requests"] = _resent_requests[0]
+    return summary
 
 
 def check_summary(name: str, summary: dict, num_prompts: int, output_len: int) -> None:
@@ -346,6 +369,8 @@ def one_run(name: str, concurrency: int, prompts: list[list[int]], ctx: BenchCon
         run_load(base_url, warmup, args.output_len, 1)
         summary = run_load(base_url, prompts, args.output_len, concurrency)
         summary["rss_mib"] = rss_tree_mib(pid)
+    if summary["resent_requests"]:
+        logger.info("%s: %d requests sent again", name, summary["resent_requests"])
     check_summary(name, summary, len(prompts), args.output_len)
     return summary
 
@@ -515,12 +540,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ctx = prepare(args)
     greedy = check_greedy(ctx) if args.check_greedy else None
-    results = [r for level in args.concurrency for r in run_level(level, ctx)]
-    if args.output_json:
-        write_json(args.output_json, results, greedy)
+    results = []
+    for level in args.concurrency:
+        results += run_level(level, ctx)
+        if args.output_json:  # after every level, so an interrupted run keeps its figures
+            write_json(args.output_json, results, greedy)
     date = datetime.date.today().isoformat()
     print(f"\n{date}, {platform.node()}, {os.cpu_count()} CPUs, medians of {args.runs} runs")
-    print("python benchmark/bench_vs_llamacpp.py " + " ".join(sys.argv[1:]))
+    print("python benchmark/bench_vs_llamacpp.py " + shlex.join(sys.argv[1:]))
     print(markdown_table(results, args.concurrency))
     if greedy:
         print(greedy)
