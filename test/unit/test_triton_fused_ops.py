@@ -19,7 +19,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from sglang.srt.layers import triton_ops  # noqa: E402
+from sglang.srt.layers import cpu_kernels, triton_ops  # noqa: E402
 from sglang.srt.layers.activation import GeluAndMul, SiluAndMul  # noqa: E402
 from sglang.srt.layers.layernorm import GemmaRMSNorm, RMSNorm  # noqa: E402
 from sglang.srt.layers.rotary_embedding import get_rope  # noqa: E402
@@ -28,6 +28,14 @@ from sglang.srt.layers.triton_ops import activation, rmsnorm, rotary  # noqa: E4
 TOL = 1e-4
 HIDDEN = [48, 64, 128, 256, 257]
 TOKENS = [0, 1, 7]
+
+
+@pytest.fixture(autouse=True)
+def _torch_reference():
+    """The layers' torch ops are the reference here: our CPU kernels (which rotate and
+    normalize in place) stay out of it; test_cpu_kernels.py checks them."""
+    with cpu_kernels.disabled():
+        yield
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
