@@ -52,7 +52,8 @@ class RotaryEmbedding(nn.Module):
         return cos.to(dtype), sin.to(dtype)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """positions: int64[T]; q: [T, Hq * D]; k: [T, Hkv * D] -> rotated (q, k)."""
+        """positions: int64[T]; q: [T, Hq * D]; k: [T, Hkv * D] -> rotated (q, k). On the
+        CPU kernels' path (cpu_kernels) q and k are rotated in place and returned."""
         if triton_ops.fused_ops_enabled(q):
             q_rot, k_rot = self._rotate_triton(positions, q), self._rotate_triton(positions, k)
             return q_rot.view(q.shape), k_rot.view(k.shape)
@@ -62,7 +63,8 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(q, cos, sin).view(q.shape), self._rotate(k, cos, sin).view(k.shape)
 
     def rotate_heads(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, H * D] (any heads, e.g. q and k side by side) -> rotated [T, H, D]."""
+        """x: [T, H * D] (any heads, e.g. q and k side by side) -> rotated [T, H, D]. On
+        the CPU kernels' path x is rotated in place (the result is a view of it)."""
         if triton_ops.fused_ops_enabled(x):
             return self._rotate_triton(positions, x)
         if self._kernel_usable(positions) and x.dim() == 2:
