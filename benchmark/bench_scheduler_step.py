@@ -27,22 +27,9 @@ from typing import Any
 
 import torch
 
+from sglang.test.fake_queue import FakeQueue
+
 PROMPT_LEN = 128
-
-
-class FakeQueue:
-    def __init__(self) -> None:
-        self.items: list = []
-
-    def recv(self, timeout_ms=None):
-        return self.items.pop(0) if self.items else None
-
-    def recv_all_nowait(self):
-        out, self.items = self.items, []
-        return out
-
-    def send(self, msg) -> None:
-        self.items.append(msg)
 
 
 class Clock:

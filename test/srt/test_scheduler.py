@@ -17,23 +17,9 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.test.fake_queue import FakeQueue
 
 pytestmark = pytest.mark.slow
-
-
-class FakeQueue:
-    def __init__(self) -> None:
-        self.items: list = []
-
-    def recv(self, timeout_ms=None):
-        return self.items.pop(0) if self.items else None
-
-    def recv_all_nowait(self):
-        out, self.items = self.items, []
-        return out
-
-    def send(self, msg) -> None:
-        self.items.append(msg)
 
 
 def make_scheduler(model_dir: str, **fields):
