@@ -317,3 +317,16 @@ def test_ninja_beside_the_interpreter_is_put_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin")
     cpu_kernels._put_venv_ninja_on_path()
     assert cpu_kernels.os.environ["PATH"].split(cpu_kernels.os.pathsep)[0] == str(tmp_path)
+
+
+def test_rotary_falls_back_for_a_dtype_the_kernels_lack(kernels):
+    """prepare() leaves cos/sin to the kernel; an x the kernel cannot take (float64) still
+    gets the torch rotation, which then builds them itself."""
+    rope = get_rope(64, 64, 10000.0)
+    positions = torch.arange(3)
+    x = torch.randn(3, 2 * 64, dtype=torch.float64)
+    rope.prepare(positions)
+    got = rope.rotate_heads(positions, x.clone())
+    with cpu_kernels.disabled():
+        expected = get_rope(64, 64, 10000.0).rotate_heads(positions, x.clone())
+    torch.testing.assert_close(got, expected)

@@ -38,16 +38,21 @@ class RotaryEmbedding(nn.Module):
         reads the caches itself)."""
         if triton_ops.fused_ops_enabled(positions) or self._kernel_usable(positions):
             return
+        self._prepared = self._gather_cos_sin(positions)
+
+    def _gather_cos_sin(self, positions: torch.Tensor):
+        """(positions, cos [T, 1, rot], signed sin [T, 1, rot])."""
         cos = self.cos_cache.index_select(0, positions).unsqueeze(1)  # [T, 1, rot / 2]
         sin = self.sin_cache.index_select(0, positions).unsqueeze(1)
         # with the halves swapped by roll, x * cos + roll(x) * sin_signed is HF's
         # x * cos + rotate_half(x) * sin, op for op
-        self._prepared = (positions, torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1))
+        return positions, torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
-        """(cos [T, 1, rot], signed sin [T, 1, rot]) for `positions`."""
+        """(cos [T, 1, rot], signed sin [T, 1, rot]) for `positions` (built here when
+        prepare skipped them: the kernels' path falling back for an unsupported x)."""
         if self._prepared is None or self._prepared[0] is not positions:
-            self.prepare(positions)
+            self._prepared = self._gather_cos_sin(positions)
         _, cos, sin = self._prepared
         return cos.to(dtype), sin.to(dtype)
 

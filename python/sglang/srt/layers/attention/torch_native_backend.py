@@ -157,13 +157,16 @@ class TorchNativeAttnBackend(AttentionBackend):
             return False
         return cpu_kernels.fits(fb.out_cache_loc)
 
-    def _torch_metadata(self, layer: RadixAttention, fb: ForwardBatch) -> _Metadata:
-        """The torch path's metadata for this layer's window, replacing a kernel's (used
-        when q's dtype is not the pool's: a --kv-cache-dtype other than the model's)."""
-        window = layer.sliding_window_size
-        build = self._decode_metadata if fb.forward_mode.is_decode() else self._extend_metadata
-        self.metadata[window] = build(fb, window)
-        return self.metadata[window]
+    def _torch_metadata_for(self, layer: RadixAttention, fb: ForwardBatch) -> _Metadata:
+        """This layer's metadata for the torch path. A kernel placeholder is replaced (the
+        kernel was not taken: q's dtype is not the pool's, a --kv-cache-dtype other than
+        the model's)."""
+        md = self._metadata_for(layer, fb)
+        if isinstance(md, _KernelPaged):
+            window = layer.sliding_window_size
+            build = self._decode_metadata if fb.forward_mode.is_decode() else self._extend_metadata
+            md = self.metadata[window] = build(fb, window)
+        return md
 
     def _decode_metadata(self, fb: ForwardBatch, window: int | None) -> _DecodeMetadata:
         """Requests sorted by length (of what they attend to) and cut into chunks, each
@@ -234,6 +237,22 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     # -- per layer ----------------------------------------------------------------------
 
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        """q: [T, Hq * D]; k, v: [T, Hkv * D] -> [T, Hq * D]: the CPU kernel when this
+        forward's metadata chose it and q is in the pool's dtype, else the torch path."""
+        md = self._metadata_for(layer, forward_batch)
+        if isinstance(md, _KernelPaged) and q.dtype == forward_batch.token_to_kv_pool.dtype:
+            return _kernel_attention(q, k, v, layer, forward_batch, md, save_kv_cache)
+        return super().forward(q, k, v, layer, forward_batch, save_kv_cache)
+
     def forward_decode(
         self,
         q,
@@ -243,11 +262,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        md = self._metadata_for(layer, forward_batch)
-        if isinstance(md, _KernelPaged):
-            if q.dtype == forward_batch.token_to_kv_pool.dtype:
-                return _kernel_attention(q, k, v, layer, forward_batch, md, save_kv_cache)
-            md = self._torch_metadata(layer, forward_batch)
+        md = self._torch_metadata_for(layer, forward_batch)
         pool = forward_batch.token_to_kv_pool
         bs, hq, hkv, d = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         if save_kv_cache:
@@ -275,11 +290,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        md = self._metadata_for(layer, forward_batch)
-        if isinstance(md, _KernelPaged):
-            if q.dtype == forward_batch.token_to_kv_pool.dtype:
-                return _kernel_attention(q, k, v, layer, forward_batch, md, save_kv_cache)
-            md = self._torch_metadata(layer, forward_batch)
+        md = self._torch_metadata_for(layer, forward_batch)
         pool = forward_batch.token_to_kv_pool
         t, hq, hkv, d = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         k, v = k.view(t, hkv, d), v.view(t, hkv, d)
