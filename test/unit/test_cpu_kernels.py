@@ -25,6 +25,7 @@ from sglang.srt.layers import cpu_kernels
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.rotary_embedding import get_rope
+from sglang.srt.layers.sampler import greedy_ids
 
 FP32_TOL = 1e-5
 NO_EXT = torch.empty(0, dtype=torch.int64)  # decode: one new token per request
@@ -252,6 +253,49 @@ def test_decode_attention_bf16(kernels):
     torch.testing.assert_close(out.view(2, hq, d).float(), expected, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_attention_half_precision_pools(kernels, dtype):
+    gen = torch.Generator().manual_seed(5)
+    lens, hq, hkv, d = [90, 3], 4, 2, 128
+    table, rows, num_slots = _page_table(lens, 1, gen)
+    pool = torch.randn(num_slots, 2, hkv, d, generator=gen).to(dtype)
+    q = torch.randn(2, hq * d, generator=gen).to(dtype)
+    out = torch.empty_like(q)
+    kernels.paged_attention(
+        out, q, q, q, pool, torch.zeros(2, dtype=torch.int64), table, torch.tensor(rows),
+        torch.tensor(lens), NO_EXT, d**-0.5, 0.0, 0, False,
+    )  # fmt: skip
+    expected = _reference_decode(q.view(2, hq, d), pool, table, rows, lens, d**-0.5, 0, 0, hkv)
+    torch.testing.assert_close(out.view(2, hq, d).float(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("head_dim,window,cap", [(64, 0, 0.0), (96, 0, 0.0), (256, 0, 0.0),
+                                                 (64, 333, 0.0), (128, 0, 20.0)])  # fmt: skip
+def test_decode_attention_long_contexts_split_over_threads(kernels, threads, head_dim, window, cap):
+    """A batch smaller than the thread count splits each token's keys over several
+    workers and merges their softmax partials: same result as one pass."""
+    gen = torch.Generator().manual_seed(head_dim + window + threads)
+    lens, hq, hkv = [700, 65], 8, 2
+    table, rows, num_slots = _page_table(lens, 1, gen)
+    pool = torch.randn(num_slots, 2, hkv, head_dim, generator=gen) * 2
+    q = torch.randn(len(lens), hq * head_dim, generator=gen) * 2
+    out = torch.empty_like(q)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        kernels.paged_attention(
+            out, q, q, q, pool, torch.zeros(2, dtype=torch.int64), table, torch.tensor(rows),
+            torch.tensor(lens), NO_EXT, head_dim**-0.5, cap, window, False,
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    expected = _reference_decode(
+        q.view(2, hq, head_dim), pool, table, rows, lens, head_dim**-0.5, window, cap, hkv
+    )
+    torch.testing.assert_close(out.view(2, hq, head_dim), expected, atol=FP32_TOL, rtol=FP32_TOL)
+
+
 def test_decode_attention_rejects_a_bad_seq_len(kernels):
     table = torch.zeros(2, 8, dtype=torch.int32)
     pool = torch.zeros(4, 2, 1, 64)
@@ -330,3 +374,34 @@ def test_rotary_falls_back_for_a_dtype_the_kernels_lack(kernels):
     with cpu_kernels.disabled():
         expected = get_rope(64, 64, 10000.0).rotate_heads(positions, x.clone())
     torch.testing.assert_close(got, expected)
+
+
+# -- argmax (greedy sampling) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,vocab", [(1, 8192), (33, 1000), (5, 7)])
+def test_argmax_rows_matches_torch(kernels, dtype, rows, vocab):
+    gen = torch.Generator().manual_seed(rows + vocab)
+    x = torch.randn(rows, vocab, generator=gen).to(dtype)
+    out = torch.empty(rows, dtype=torch.int64)
+    kernels.argmax_rows(out, x)
+    assert torch.equal(out, x.argmax(-1))
+
+
+def test_argmax_rows_ties_nan_and_minus_inf_as_torch(kernels):
+    x = torch.full((4, 40), -float("inf"))
+    x[0, [3, 17, 35]] = 2.0  # tie: the first index
+    x[1, 30] = float("nan")  # a NaN wins, as in torch
+    x[1, 2] = 5.0
+    x[2, 39] = 1.0  # the max in the tail past the last full vector
+    out = torch.empty(4, dtype=torch.int64)  # row 3: all -inf -> index 0
+    kernels.argmax_rows(out, x)
+    assert out.tolist() == x.argmax(-1).tolist() == [3, 30, 39, 0]
+
+
+def test_greedy_sampling_takes_the_kernel_on_strided_logits(kernels):
+    logits = torch.randn(6, 2 * 300)[:, :300]  # rows of a wider buffer
+    assert torch.equal(greedy_ids(logits), logits.argmax(-1))
+    with cpu_kernels.disabled():
+        assert torch.equal(greedy_ids(logits), logits.argmax(-1))

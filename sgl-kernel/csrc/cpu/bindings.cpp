@@ -12,6 +12,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                      const at::Tensor& seq_lens, const at::Tensor& extend_lens, double scale,
                      double logit_cap, int64_t window, bool save_kv);
+void argmax_rows(at::Tensor& out, const at::Tensor& x);
 }  // namespace sgl_cpu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -22,4 +23,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_neox_", &sgl_cpu::rotary_neox_, "neox rotary embedding, in place");
   m.def("paged_attention", &sgl_cpu::paged_attention,
         "causal attention of new tokens over the paged KV pool (writes their K/V first)");
+  m.def("argmax_rows", &sgl_cpu::argmax_rows, "out <- argmax of each row (first max; NaN first)");
 }

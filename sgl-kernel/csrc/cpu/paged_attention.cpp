@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common.h"
+#include "vec.h"
 
 namespace sgl_cpu {
 namespace {
@@ -100,6 +101,173 @@ TokenPlaces token_places(const int64_t* seq_lens, const at::Tensor& extend_lens,
   return places;
 }
 
+#if defined(SGL_HAVE_AVX512)
+// The AVX-512 path: one work item is one new token's keys [begin, end) for all its heads,
+// read slot by slot (a slot's K then V rows, all heads, so a request's slots stream through
+// the cache in order), in blocks of kKeyBlock keys with an online softmax. A token's keys
+// are split over several items when the batch has fewer tokens than threads; the items'
+// partial results are merged after (flash-decoding). head_dim: a multiple of 16, <= 256.
+constexpr int64_t kMaxVecDim = 256;
+constexpr int64_t kKeyBlock = 32;
+constexpr int64_t kMinSplitKeys = 64;  // fewer keys per item cost more than they save
+
+constexpr int64_t kPrefetchSlots = 4;  // how far ahead the key loop prefetches
+
+inline void prefetch_slot(const void* slot, int64_t bytes) {
+  const char* p = static_cast<const char*>(slot);
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+}
+
+// One item's partial result per query head: the running max score m, the sum l of
+// exp(score - m), and acc [D] = sum of exp(score - m) * value.
+struct Partial {
+  float* m;    // [Hq]
+  float* l;    // [Hq]
+  float* acc;  // [Hq, D]
+};
+
+// NVEC: head_dim / 16 when known at compile time (rows stay in registers), else 0.
+template <typename T, int64_t NVEC>
+void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int64_t n,
+                      const DecodeShape& s, Partial part) {
+  const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
+  const int64_t nvec = NVEC > 0 ? NVEC : d / kVecWidth;
+  const int64_t width = s.kv_heads * d;
+  float scores[kKeyBlock * 64];  // [Hq, kKeyBlock]; Hq <= 64 checked by the caller
+  __m512 row[kMaxVecDim / kVecWidth];
+  std::fill(part.m, part.m + s.q_heads, -INFINITY);
+  std::fill(part.l, part.l + s.q_heads, 0.f);
+  std::fill(part.acc, part.acc + s.q_heads * d, 0.f);
+  for (int64_t b0 = 0; b0 < n; b0 += kKeyBlock) {
+    const int64_t bn = std::min(kKeyBlock, n - b0);
+    for (int64_t jj = 0; jj < bn; ++jj) {
+      if (b0 + jj + kPrefetchSlots < n) {  // a slot ahead, K and V: the pool is too big to
+        prefetch_slot(pool + int64_t(slots[b0 + jj + kPrefetchSlots]) * s.slot_stride,
+                      s.slot_stride * int64_t(sizeof(T)));  // stay cached between steps
+      }
+      const T* key = pool + int64_t(slots[b0 + jj]) * s.slot_stride;
+      for (int64_t h = 0; h < s.kv_heads; ++h) {
+        for (int64_t i = 0; i < nvec; ++i) row[i] = load_f32x16(key + h * d + i * kVecWidth);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = qf + (h * group + g) * d;
+          __m512 sum = _mm512_mul_ps(row[0], _mm512_loadu_ps(qg));
+          for (int64_t i = 1; i < nvec; ++i) {
+            sum = _mm512_fmadd_ps(row[i], _mm512_loadu_ps(qg + i * kVecWidth), sum);
+          }
+          float score = _mm512_reduce_add_ps(sum) * s.scale;
+          if (s.logit_cap > 0.f) score = s.logit_cap * std::tanh(score / s.logit_cap);
+          scores[(h * group + g) * kKeyBlock + jj] = score;
+        }
+      }
+    }
+    for (int64_t qh = 0; qh < s.q_heads; ++qh) {  // online softmax: rescale what came before
+      float* sr = scores + qh * kKeyBlock;
+      const float new_m = std::max(part.m[qh], *std::max_element(sr, sr + bn));
+      const float alpha = exp_f32(part.m[qh] - new_m);  // 0 on the first block
+      float block_sum = 0.f;
+      for (int64_t jj = 0; jj < bn; ++jj) {
+        sr[jj] = exp_f32(sr[jj] - new_m);
+        block_sum += sr[jj];
+      }
+      part.l[qh] = part.l[qh] * alpha + block_sum;
+      part.m[qh] = new_m;
+      if (alpha != 1.f) {
+        const __m512 a = _mm512_set1_ps(alpha);
+        float* acc = part.acc + qh * d;
+        for (int64_t i = 0; i < nvec; ++i) {
+          _mm512_storeu_ps(acc + i * kVecWidth, _mm512_mul_ps(a, _mm512_loadu_ps(acc + i * kVecWidth)));
+        }
+      }
+    }
+    for (int64_t jj = 0; jj < bn; ++jj) {
+      const T* value = pool + int64_t(slots[b0 + jj]) * s.slot_stride + width;
+      for (int64_t h = 0; h < s.kv_heads; ++h) {
+        for (int64_t i = 0; i < nvec; ++i) row[i] = load_f32x16(value + h * d + i * kVecWidth);
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t qh = h * group + g;
+          const __m512 p = _mm512_set1_ps(scores[qh * kKeyBlock + jj]);
+          float* acc = part.acc + qh * d;
+          for (int64_t i = 0; i < nvec; ++i) {
+            _mm512_storeu_ps(acc + i * kVecWidth,
+                             _mm512_fmadd_ps(p, row[i], _mm512_loadu_ps(acc + i * kVecWidth)));
+          }
+        }
+      }
+    }
+  }
+}
+
+// out row of one token <- the merge of its `splits` partials (softmax over all its keys).
+template <typename T>
+void merge_partials(T* out, const float* m, const float* l, const float* acc, int64_t splits,
+                    int64_t q_heads, int64_t d) {
+  for (int64_t qh = 0; qh < q_heads; ++qh) {
+    float max_m = -INFINITY;
+    for (int64_t k = 0; k < splits; ++k) max_m = std::max(max_m, m[k * q_heads + qh]);
+    float denom = 0.f;
+    float merged[kMaxVecDim] = {0.f};
+    for (int64_t k = 0; k < splits; ++k) {
+      const float w = exp_f32(m[k * q_heads + qh] - max_m);
+      denom += w * l[k * q_heads + qh];
+      const float* a = acc + (k * q_heads + qh) * d;
+      for (int64_t i = 0; i < d; ++i) merged[i] += w * a[i];
+    }
+    const float inv = 1.f / denom;
+    for (int64_t i = 0; i < d; ++i) out[qh * d + i] = static_cast<T>(merged[i] * inv);
+  }
+}
+
+// All tokens' attention on the AVX-512 path (see above). kv_begin/kv_len: per token.
+template <typename T>
+void attend_tokens_vec(const T* qp, T* op, const T* pool, const int32_t* table,
+                       const int64_t* pool_idx, const TokenPlaces& places, int64_t rows,
+                       const DecodeShape& s) {
+  const int64_t hq = s.q_heads, d = s.head_dim;
+  // splits per token: enough items for every thread, none under kMinSplitKeys keys
+  const int64_t want = std::max<int64_t>(1, 2 * at::get_num_threads() / std::max<int64_t>(1, rows));
+  std::vector<int64_t> first_item(rows + 1, 0), kv_len(rows);
+  for (int64_t t = 0; t < rows; ++t) {
+    const int64_t end = places.token_end[t];
+    kv_len[t] = s.window > 0 ? std::min(end, s.window) : end;
+    const int64_t splits = std::min(want, std::max<int64_t>(1, kv_len[t] / kMinSplitKeys));
+    first_item[t + 1] = first_item[t] + splits;
+  }
+  const int64_t items = first_item[rows];
+  std::vector<float> m(items * hq), l(items * hq), acc(items * hq * d);
+  const int64_t work_per_item = 2 * hq * d * std::max<int64_t>(1, places.mean_kv_len);
+  at::parallel_for(0, items, grain_for(work_per_item), [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(hq * d);
+    int64_t t = std::upper_bound(first_item.begin(), first_item.end(), begin) - first_item.begin() - 1;
+    int64_t widened = -1;
+    for (int64_t item = begin; item < end; ++item) {
+      while (item >= first_item[t + 1]) ++t;
+      if (widened != t) {  // q of token t widened to float32 once per thread
+        for (int64_t i = 0; i < hq * d; ++i) qf[i] = static_cast<float>(qp[t * s.q_stride + i]);
+        widened = t;
+      }
+      const int64_t splits = first_item[t + 1] - first_item[t], k = item - first_item[t];
+      const int64_t per = (kv_len[t] + splits - 1) / splits;
+      const int64_t k0 = k * per, k1 = std::min(kv_len[t], k0 + per);
+      const int32_t* slots = table + pool_idx[places.token_req[t]] * s.table_stride +
+                             (places.token_end[t] - kv_len[t]) + k0;
+      const Partial part{&m[item * hq], &l[item * hq], &acc[item * hq * d]};
+      switch (d) {
+        case 64: attend_range_vec<T, 4>(qf.data(), pool, slots, k1 - k0, s, part); break;
+        case 128: attend_range_vec<T, 8>(qf.data(), pool, slots, k1 - k0, s, part); break;
+        default: attend_range_vec<T, 0>(qf.data(), pool, slots, k1 - k0, s, part);
+      }
+    }
+  });
+  at::parallel_for(0, rows, grain_for(hq * d * 4), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i0 = first_item[t];
+      merge_partials(op + t * s.out_stride, &m[i0 * hq], &l[i0 * hq], &acc[i0 * hq * d],
+                     first_item[t + 1] - i0, hq, d);
+    }
+  });
+}
+#endif
+
 }  // namespace
 
 // Attention of a batch's new tokens over the paged KV pool, each causal over its own
@@ -160,6 +328,14 @@ void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
     const scalar_t* qp = q.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     const int32_t* table = req_to_token.data_ptr<int32_t>();
+#if defined(SGL_HAVE_AVX512)
+    if constexpr (kHasVecLoad<scalar_t>) {
+      if (d % kVecWidth == 0 && d <= kMaxVecDim && s.q_heads <= 64) {
+        attend_tokens_vec(qp, op, pool, table, pool_idx, places, rows, s);
+        return;
+      }
+    }
+#endif
     at::parallel_for(0, rows * kv_heads, grain_for(2 * places.mean_kv_len * d * group),
                      [&](int64_t begin, int64_t end) {
       std::vector<float> scores, acc;

@@ -42,8 +42,10 @@ SOURCE_FILES = (
     "activation.cpp",
     "rotary.cpp",
     "paged_attention.cpp",
+    "argmax.cpp",
     "bindings.cpp",
 )
+HEADER_FILES = ("common.h", "vec.h")
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -110,7 +112,7 @@ def _extension_name(src: Path) -> str:
     """A name per (sources, CPU flags): a cache shared by machines with different
     instruction sets never loads a library built for another one."""
     digest = hashlib.sha256()
-    for name in SOURCE_FILES + ("common.h",):
+    for name in SOURCE_FILES + HEADER_FILES:
         digest.update((src / name).read_bytes())
     digest.update(_cpu_flags().encode())
     digest.update(torch.__version__.encode())
@@ -136,6 +138,19 @@ def usable(x: torch.Tensor) -> bool:
     """Whether a call on `x` (rows first) takes the kernels: a CPU tensor of a supported
     dtype with at most MAX_FUSED_ROWS rows, and the kernels built."""
     return x.dtype in SUPPORTED_DTYPES and fits(x)
+
+
+def takes_any_rows(x: torch.Tensor) -> bool:
+    """Whether a row-wise kernel without a row cap (argmax) takes `x`: a CPU tensor of a
+    supported dtype with contiguous rows, and the kernels built."""
+    return (
+        not _paused
+        and x.device.type == "cpu"
+        and x.dtype in SUPPORTED_DTYPES
+        and x.dim() == 2
+        and x.stride(1) == 1
+        and load() is not None
+    )
 
 
 def fits(index: torch.Tensor) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from sglang.srt.layers import cpu_kernels
 from sglang.srt.sampling.penalties import apply_penalties
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -37,13 +38,23 @@ class Sampler(nn.Module):
     ) -> SampleOutput:
         """logits: float32[bs, vocab] (not modified)."""
         if info is None or (info.is_all_greedy and not info.has_logit_adjustments):
-            ids = torch.argmax(logits, dim=-1)  # fast path: nothing to adjust or draw
+            ids = greedy_ids(logits)  # fast path: nothing to adjust or draw
         else:
             logits = adjust_logits(logits.clone(), info)
             ids = _sample(logits, info)
         if not return_logprob:
             return SampleOutput(ids)
         return _with_logprobs(ids, logits, top_logprobs_nums)
+
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """int64[bs]: each row's argmax (its first max), as torch.argmax. On CPU the kernel:
+    torch's CPU argmax is 3-5x slower ([32, 8192]: 0.33 vs 0.09 ms at 2 threads)."""
+    if cpu_kernels.takes_any_rows(logits):
+        ids = torch.empty(logits.shape[0], dtype=torch.int64)
+        cpu_kernels.load().argmax_rows(ids, logits)
+        return ids
+    return torch.argmax(logits, dim=-1)
 
 
 def adjust_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
@@ -64,15 +75,15 @@ def adjust_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor
 
 
 def _sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    greedy_ids = torch.argmax(logits, dim=-1)
+    best_ids = greedy_ids(logits)
     if info.is_all_greedy:
-        return greedy_ids
+        return best_ids
     probs = torch.softmax(logits / info.temperatures, dim=-1)  # [bs, vocab]
     weights, token_ids = _candidates(probs, info)
     picked = _draw(weights, info)  # int64[bs]: a column of `weights`
     if token_ids is not None:
         picked = token_ids.gather(1, picked.unsqueeze(1)).squeeze(1)
-    return torch.where(info.greedy_mask, greedy_ids, picked)
+    return torch.where(info.greedy_mask, best_ids, picked)
 
 
 def _candidates(probs: torch.Tensor, info: SamplingBatchInfo):
