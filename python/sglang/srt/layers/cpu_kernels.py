@@ -32,10 +32,10 @@ from sglang.srt.environ import envs
 
 logger = logging.getLogger(__name__)
 
-# Calls with more rows than this (tokens in the batch) take the torch path: at batch
-# 128-256 the torch ops (gather + SDPA, vectorized elementwise) were as fast or faster
-# (offline, 256 prompts: 2,169 out tok/s with the kernels up to 256 rows, 2,461 without)
-MAX_FUSED_ROWS = 64
+# Calls with more rows than this (tokens in the batch: prefill chunks) take the torch
+# path. Decode with the AVX-512 attention: batch 128 20.4 vs 28.1 ms a step, batch 256
+# 31.3 vs 44.6 ms with the torch ops (benchmark/bench_cpu_kernels.py, demo model, 2 threads)
+MAX_FUSED_ROWS = 256
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SOURCE_FILES = (
     "norm.cpp",
