@@ -42,7 +42,8 @@ def _blocking(base_url: str) -> int:
 
 
 def test_dead_detokenizer_fails_requests_and_exits(tiny_llama_dir, tmp_path):
-    srv = start_server(tiny_llama_dir, tmp_path / "server.log")
+    # a detokenizer process (the CPU default detokenizes inline, in the launcher)
+    srv = start_server(tiny_llama_dir, tmp_path / "server.log", "--detokenizer-mode", "process")
     try:
         roles = server_processes(srv.proc.pid)
         tree = [p for _, p in roles]

@@ -82,7 +82,8 @@ def test_role_namespaces(tiny_llama_dir, tmp_path, mode):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SGLANG_ROLE_NAMESPACES", mode)
         mp.setenv("SGLANG_ROLE_NAMESPACES_OUT", str(out_file))
-        with sgl.Engine(model_path=str(tiny_llama_dir), **LIGHT) as llm:
+        # every role, the detokenizer process's too (CPU detokenizes inline by default)
+        with sgl.Engine(model_path=str(tiny_llama_dir), detokenizer_mode="process", **LIGHT) as llm:
             out = llm.generate("def f():", GREEDY)
             assert len(out["output_ids"]) == 4
     if mode == "record":

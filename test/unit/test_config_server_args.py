@@ -41,6 +41,25 @@ def test_cpu_defaults_are_declared_not_written():
     assert resolution_sources(sa, "chunked_prefill_size") == ["chunked_prefill_by_device"]
 
 
+@pytest.mark.parametrize(
+    "fields,mode",
+    [
+        ({}, "inline"),
+        ({"dp_size": 2}, "process"),
+        ({"device": "cuda"}, "process"),
+        ({"detokenizer_mode": "process"}, "process"),
+    ],
+)
+def test_detokenizer_mode_inline_on_one_cpu_group(fields, mode):
+    sa = cpu_args(**fields).resolve_once()
+    assert resolution_result(sa, "detokenizer_mode") == mode
+
+
+def test_detokenizer_mode_inline_refused_with_dp():
+    with pytest.raises(ValueError, match="detokenizer_mode=inline is not accepted with dp_size=2"):
+        cpu_args(detokenizer_mode="inline", dp_size=2).resolve_once()
+
+
 def test_explicit_values_win():
     sa = cpu_args(chunked_prefill_size=-1, random_seed=7, dtype="bfloat16").resolve_once()
     assert resolution_result(sa, "chunked_prefill_size") == -1

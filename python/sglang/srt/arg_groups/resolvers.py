@@ -190,6 +190,15 @@ def resolve_random_seed(c: Any) -> Resolved:
     return "random_seed_chosen", {"random_seed": random.randint(0, 2**30 - 1)}
 
 
+def resolve_detokenizer_mode(c: Any) -> Resolved:
+    if c.detokenizer_mode != "auto":
+        return None
+    # On a few CPU cores the detokenizer process's wake-ups per token take the cores the
+    # forward's threads want (demo model, concurrency 1: ~0.3 ms less CPU per token inline)
+    inline = c.device == "cpu" and c.dp_size == 1 and c.nnodes == 1
+    return "detokenizer_mode_by_device", {"detokenizer_mode": "inline" if inline else "process"}
+
+
 def resolve_grammar_backend(c: Any) -> Resolved:
     if c.grammar_backend is not None:
         return None
@@ -260,6 +269,7 @@ RESOLVERS: tuple[Resolver, ...] = (
     resolve_mem_fraction_static,
     resolve_random_seed,
     resolve_grammar_backend,
+    resolve_detokenizer_mode,
     resolve_from_env,
     resolve_speculative,
 )

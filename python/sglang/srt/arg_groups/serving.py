@@ -8,6 +8,8 @@ from sglang.srt.arg_groups.arg_utils import arg
 from sglang.srt.parser.function_call.parser import TOOL_CALL_PARSER_NAMES
 from sglang.srt.parser.reasoning_parser import REASONING_PARSER_NAMES
 
+DETOKENIZER_MODES = ("auto", "process", "inline")
+
 
 @dataclass(kw_only=True)
 class ServingArgs:
@@ -33,3 +35,11 @@ class ServingArgs:
         choices=TOOL_CALL_PARSER_NAMES,
     )
     skip_server_warmup: bool = arg(False, "Skip the warmup request after start.")
+    detokenizer_mode: str = arg(
+        "auto",
+        "Where token ids become text: a detokenizer process between the scheduler and the "
+        "HTTP front end (process), or the front end's TokenizerManager itself (inline: one "
+        "process and one IPC hop fewer per streamed token, for few cores). Default: inline "
+        "on CPU with dp_size 1 on one node, else process.",
+        choices=DETOKENIZER_MODES,
+    )

@@ -212,6 +212,16 @@ def validate(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
     _check_topology(c)
     _check_backends(c)
     _check_speculative(c)
+    _check_detokenizer_mode(c)
+
+
+def _check_detokenizer_mode(c: Any) -> None:
+    if c.detokenizer_mode == "inline" and (c.dp_size > 1 or c.nnodes > 1):
+        raise ValueError(
+            f"detokenizer_mode=inline is not accepted with dp_size={c.dp_size} and "
+            f"nnodes={c.nnodes}: the TokenizerManager detokenizes for one scheduler group on "
+            "its node; use detokenizer_mode=process (or auto)"
+        )
 
 
 _DRAFT_MODEL_FIELDS = (

@@ -198,7 +198,7 @@ def _launch_subprocesses(
     server_args: Any, placement_group: Any = None
 ) -> tuple[TokenizerManager, ChildProcesses]:
     """Start the schedulers (tp_size per DP rank), the DP controller (dp_size > 1) and
-    the detokenizer, wait for ready, build the TokenizerManager.
+    the detokenizer (detokenizer_mode process), wait for ready, build the TokenizerManager.
 
     `placement_group`: a Ray placement group to run the schedulers in, as actors
     (None: spawned processes). It is the caller's to remove. On any failure every
@@ -221,7 +221,10 @@ def _launch_subprocesses(
     # they inherit them; the caller's ServerArgs stays as it was.
     server_args = resolve_auto_parsers(server_args)
     dp_size = int(resolution_result(server_args, "dp_size"))
-    port_args = PortArgs.init_new(resolution_result(server_args, "dist_init_addr"), dp_size)
+    inline_detokenizer = resolution_result(server_args, "detokenizer_mode") == "inline"
+    port_args = PortArgs.init_new(
+        resolution_result(server_args, "dist_init_addr"), dp_size, inline_detokenizer
+    )
     children = ChildProcesses(port_args)
     ctx = mp.get_context("spawn")
     try:
@@ -241,8 +244,11 @@ def _launch_subprocesses(
                     ctx, children, "dp_controller", run_data_parallel_controller_process, args
                 )
             )
-        args = (server_args, port_args)
-        readers.append(_spawn_child(ctx, children, "detokenizer", run_detokenizer_process, args))
+        if not inline_detokenizer:  # inline: the TokenizerManager detokenizes
+            args = (server_args, port_args)
+            readers.append(
+                _spawn_child(ctx, children, "detokenizer", run_detokenizer_process, args)
+            )
         ready_timeout_s = envs.SGLANG_CHILD_READY_TIMEOUT.get()
         infos = {
             role: _wait_ready(role, proc, reader, ready_timeout_s) for role, proc, reader in readers

@@ -1,7 +1,10 @@
-"""The detokenizer process: token ids -> incremental text, stop strings trimmed.
+"""Detokenization: token ids -> incremental text, stop strings trimmed.
 
-`IncrementalDetokenizer` is the pure part (no I/O); `DetokenizerManager` wires
-it between the scheduler's BatchTokenIDOutput and the TokenizerManager.
+`IncrementalDetokenizer` is the pure part (no I/O); `BatchDetokenizer` turns a
+BatchTokenIDOutput into a BatchStrOutput, failing one request at a time;
+`DetokenizerManager` runs it as a process between the schedulers and the
+TokenizerManager (detokenizer_mode process), or the TokenizerManager runs a
+BatchDetokenizer itself (inline).
 """
 
 from __future__ import annotations
@@ -196,8 +199,9 @@ class IncrementalDetokenizer:
         return delta
 
 
-class DetokenizerManager:
-    """Receives BatchTokenIDOutput, sends BatchStrOutput (process loop).
+class BatchDetokenizer:
+    """BatchTokenIDOutput -> BatchStrOutput: the detokenizer process's work, also run
+    inside the TokenizerManager with detokenizer_mode inline.
 
     A batch whose decoding raises is decoded again one request at a time; a
     request that still fails ends with an `abort` finish carrying status 500 and
@@ -205,10 +209,8 @@ class DetokenizerManager:
     and its later outputs are passed through undecoded until its finish arrives.
     """
 
-    def __init__(self, tokenizer: Any, recv_from_scheduler: Any, send_to_tokenizer: Any):
+    def __init__(self, tokenizer: Any) -> None:
         self.detok = IncrementalDetokenizer(tokenizer)
-        self.recv_from_scheduler = recv_from_scheduler
-        self.send_to_tokenizer = send_to_tokenizer
         self.fault_injector = FaultInjector.from_env()
         self.failed_rids: set[str] = set()
 
@@ -255,6 +257,17 @@ class DetokenizerManager:
         for rid, reason in zip(msg.rids, msg.finished_reasons):
             if reason is not None:
                 self.failed_rids.discard(rid)
+
+
+class DetokenizerManager(BatchDetokenizer):
+    """The detokenizer process (detokenizer_mode process): receives BatchTokenIDOutput
+    from the schedulers, sends BatchStrOutput (and every other message as it came) to
+    the TokenizerManager."""
+
+    def __init__(self, tokenizer: Any, recv_from_scheduler: Any, send_to_tokenizer: Any):
+        super().__init__(tokenizer)
+        self.recv_from_scheduler = recv_from_scheduler
+        self.send_to_tokenizer = send_to_tokenizer
 
     def event_loop(self) -> None:
         while True:

@@ -6,6 +6,9 @@ Topology (each arrow is one PUSH -> PULL; the receiver binds):
     Scheduler --(detokenizer)--> Detokenizer --(tokenizer)--> TokenizerManager
     Scheduler --(tokenizer)--> TokenizerManager      (control replies)
 
+With detokenizer_mode inline the detokenizer name is the tokenizer's: the
+Scheduler's outputs go straight to the TokenizerManager, which detokenizes.
+
 With dp_size > 1 the DP controller binds scheduler_input instead, and:
 
     DP controller --(dp_scheduler_input[d])--> Scheduler of DP rank d
@@ -48,7 +51,11 @@ class PortArgs:
     dp_rank: int = 0
 
     @staticmethod
-    def init_new(dist_init_addr: str | None = None, dp_size: int = 1) -> PortArgs:
+    def init_new(
+        dist_init_addr: str | None = None, dp_size: int = 1, inline_detokenizer: bool = False
+    ) -> PortArgs:
+        """`inline_detokenizer`: the schedulers' output queue is the TokenizerManager's
+        (detokenizer_mode inline: no detokenizer process between them)."""
         tag = f"sglang-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         base = os.path.join(tempfile.gettempdir(), tag)
         inits = _dist_init_methods(dist_init_addr, dp_size)
@@ -64,7 +71,7 @@ class PortArgs:
         return PortArgs(
             tokenizer_ipc_name=f"ipc://{base}-tok",
             scheduler_input_ipc_name=f"ipc://{base}-sched",
-            detokenizer_ipc_name=f"ipc://{base}-detok",
+            detokenizer_ipc_name=f"ipc://{base}-{'tok' if inline_detokenizer else 'detok'}",
             dist_init_method=inits[0],
             **dp,
         )

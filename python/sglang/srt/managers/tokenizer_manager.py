@@ -1,7 +1,9 @@
 """The TokenizerManager: the main process's asyncio front of the runtime.
 
 It tokenizes and validates requests, sends them to the scheduler, and wakes
-the waiting coroutine when the detokenizer's BatchStrOutput arrives. One
+the waiting coroutine when the detokenizer's BatchStrOutput arrives (with
+detokenizer_mode inline it receives the schedulers' BatchTokenIDOutput and
+detokenizes it here, a BatchDetokenizer of its own). One
 instance per Engine / HTTP server; several may share a process, so per-engine
 control-plane state (model path after a weight reload, detected parsers) lives
 here (`record_config_updates`), not in the process-wide config bags.
@@ -21,16 +23,19 @@ from typing import Any
 import zmq
 from pydantic import BaseModel, ValidationError
 
+from sglang.srt.managers.detokenizer_manager import BatchDetokenizer
 from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchStrOutput,
+    BatchTokenIDOutput,
     FlushCacheReqInput,
     FlushCacheReqOutput,
     GenerateReqInput,
     GetInternalStateReq,
     GetInternalStateReqOutput,
     TokenizedGenerateReqInput,
+    TokenizerHandoff,
     UpdateWeightFromDiskReqInput,
     UpdateWeightFromDiskReqOutput,
 )
@@ -134,6 +139,10 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self.tokenizer = _tokenizer_from(ready_info.pop("tokenizer_pickle", None))
         self.model_path = get_model().model_path
         self.served_model_name = get_serving().served_model_name or self.model_path
+        # detokenizer_mode inline: the schedulers' token ids come here, no process between
+        self.detokenizer = (
+            BatchDetokenizer(self.tokenizer) if get_serving().detokenizer_mode == "inline" else None
+        )
         self.context_len = int(ready_info.get("context_len", self.model_config.context_len))
         self.max_req_input_len = int(ready_info.get("max_req_input_len", self.context_len - 1))
         self.ready_info = dict(ready_info)
@@ -401,8 +410,12 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             try:
                 msg = await self.recv_from_detokenizer.recv()
                 self._last_output_at = time.monotonic()
-                if isinstance(msg, BatchStrOutput):
+                if isinstance(msg, BatchTokenIDOutput) and self.detokenizer is not None:
+                    self._handle_batch_output(self.detokenizer.handle(msg))
+                elif isinstance(msg, BatchStrOutput):
                     self._handle_batch_output(msg)
+                elif isinstance(msg, TokenizerHandoff):
+                    pass  # for a detokenizer process; this one came with the ready info
                 else:
                     self._resolve_control(msg)
             except asyncio.CancelledError:
