@@ -111,13 +111,6 @@ constexpr int64_t kMaxVecDim = 256;
 constexpr int64_t kKeyBlock = 32;
 constexpr int64_t kMinSplitKeys = 64;  // fewer keys per item cost more than they save
 
-constexpr int64_t kPrefetchSlots = 4;  // how far ahead the key loop prefetches
-
-inline void prefetch_slot(const void* slot, int64_t bytes) {
-  const char* p = static_cast<const char*>(slot);
-  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
-}
-
 // One item's partial result per query head: the running max score m, the sum l of
 // exp(score - m), and acc [D] = sum of exp(score - m) * value.
 struct Partial {
@@ -141,10 +134,6 @@ void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int6
   for (int64_t b0 = 0; b0 < n; b0 += kKeyBlock) {
     const int64_t bn = std::min(kKeyBlock, n - b0);
     for (int64_t jj = 0; jj < bn; ++jj) {
-      if (b0 + jj + kPrefetchSlots < n) {  // a slot ahead, K and V: the pool is too big to
-        prefetch_slot(pool + int64_t(slots[b0 + jj + kPrefetchSlots]) * s.slot_stride,
-                      s.slot_stride * int64_t(sizeof(T)));  // stay cached between steps
-      }
       const T* key = pool + int64_t(slots[b0 + jj]) * s.slot_stride;
       for (int64_t h = 0; h < s.kv_heads; ++h) {
         for (int64_t i = 0; i < nvec; ++i) row[i] = load_f32x16(key + h * d + i * kVecWidth);
