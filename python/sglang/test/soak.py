@@ -517,9 +517,10 @@ def find_server_pid(base_url: str) -> int | None:
 def server_processes(pid: int) -> list[tuple[str, psutil.Process]]:
     """(role, process) of the launcher and its children.
 
-    The runtime children are spawned in a fixed order (the scheduler(s), then the
-    detokenizer; see entrypoints/engine.py `_launch_subprocesses`), so spawn order
-    names them; multiprocessing's resource tracker is named by its command line.
+    The schedulers are the spawned children that map libtorch; of the torch-free ones
+    the last spawned is the detokenizer (none with detokenizer_mode inline) and any
+    before it the DP controller (see entrypoints/engine.py `_launch_subprocesses`);
+    multiprocessing's resource tracker is named by its command line.
     """
     launcher = psutil.Process(pid)
     spawned, others = [], []
@@ -527,12 +528,25 @@ def server_processes(pid: int) -> list[tuple[str, psutil.Process]]:
         cmdline = " ".join(_cmdline(child))
         (spawned if "spawn_main" in cmdline else others).append(child)
     spawned.sort(key=lambda p: (p.create_time(), p.pid))
+    schedulers = [p for p in spawned if _maps_libtorch(p)]
+    torch_free = [p for p in spawned if p not in schedulers]
     roles = [("launcher", launcher)]
-    roles += [(f"scheduler{'' if len(spawned) == 2 else k}", p) for k, p in enumerate(spawned[:-1])]
-    roles += [("detokenizer", p) for p in spawned[-1:]]
+    roles += [
+        (f"scheduler{'' if len(schedulers) == 1 else k}", p) for k, p in enumerate(schedulers)
+    ]
+    roles += [("dp_controller", p) for p in torch_free[:-1]]
+    roles += [("detokenizer", p) for p in torch_free[-1:]]
     roles += [("resource_tracker" if "resource_tracker" in " ".join(_cmdline(p)) else
                p.name(), p) for p in others]  # fmt: skip
     return roles
+
+
+def _maps_libtorch(proc: psutil.Process) -> bool:
+    try:
+        with open(f"/proc/{proc.pid}/maps") as f:
+            return "libtorch" in f.read()
+    except OSError:
+        return False
 
 
 def server_rss(pid: int | None) -> dict[str, int]:
