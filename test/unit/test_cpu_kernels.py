@@ -238,26 +238,18 @@ def test_extend_lens_must_cover_q_rows(kernels):
         )  # fmt: skip
 
 
-def test_decode_attention_bf16(kernels):
-    gen = torch.Generator().manual_seed(3)
-    lens, hq, hkv, d = [30, 7], 8, 2, 64
-    table, rows, num_slots = _page_table(lens, 4, gen)
-    pool = torch.randn(num_slots, 2, hkv, d, generator=gen).bfloat16()
-    q = torch.randn(2, hq * d, generator=gen).bfloat16()
-    out = torch.empty_like(q)
-    kernels.paged_attention(
-        out, q, q, q, pool, torch.zeros(2, dtype=torch.int64), table, torch.tensor(rows),
-        torch.tensor(lens), NO_EXT, d**-0.5, 0.0, 0, False,
-    )  # fmt: skip
-    expected = _reference_decode(q.view(2, hq, d), pool, table, rows, lens, d**-0.5, 0, 0, hkv)
-    torch.testing.assert_close(out.view(2, hq, d).float(), expected, atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_decode_attention_half_precision_pools(kernels, dtype):
-    gen = torch.Generator().manual_seed(5)
-    lens, hq, hkv, d = [90, 3], 4, 2, 128
-    table, rows, num_slots = _page_table(lens, 1, gen)
+@pytest.mark.parametrize(
+    "dtype,page_size,lens,hq,d",
+    [
+        (torch.bfloat16, 4, [30, 7], 8, 64),
+        (torch.bfloat16, 1, [90, 3], 4, 128),
+        (torch.float16, 1, [90, 3], 4, 128),
+    ],
+)
+def test_decode_attention_half_precision_pools(kernels, dtype, page_size, lens, hq, d):
+    gen = torch.Generator().manual_seed(d + hq)
+    hkv = 2
+    table, rows, num_slots = _page_table(lens, page_size, gen)
     pool = torch.randn(num_slots, 2, hkv, d, generator=gen).to(dtype)
     q = torch.randn(2, hq * d, generator=gen).to(dtype)
     out = torch.empty_like(q)

@@ -206,7 +206,7 @@ void merge_partials(T* out, const float* m, const float* l, const float* acc, in
   }
 }
 
-// All tokens' attention on the AVX-512 path (see above). kv_begin/kv_len: per token.
+// All tokens' attention on the AVX-512 path (see above): out rows <- attention of q rows.
 template <typename T>
 void attend_tokens_vec(const T* qp, T* op, const T* pool, const int32_t* table,
                        const int64_t* pool_idx, const TokenPlaces& places, int64_t rows,
