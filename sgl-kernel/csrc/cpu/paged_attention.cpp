@@ -119,6 +119,34 @@ struct Partial {
   float* acc;  // [Hq, D]
 };
 
+// Lanes [0, n) of a 16-float vector (n < 16), all of them for n >= 16.
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= kVecWidth ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+}
+
+// max of x[0, n)
+inline float block_max(const float* x, int64_t n) {
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += kVecWidth) {
+    const __mmask16 lanes = first_lanes(n - j);
+    vmax = _mm512_mask_max_ps(vmax, lanes, vmax, _mm512_maskz_loadu_ps(lanes, x + j));
+  }
+  return _mm512_reduce_max_ps(vmax);
+}
+
+// x[0, n) <- exp(x - shift); returns their sum.
+inline float exp_in_place(float* x, int64_t n, float shift) {
+  const __m512 vshift = _mm512_set1_ps(shift);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += kVecWidth) {
+    const __mmask16 lanes = first_lanes(n - j);
+    const __m512 e = exp_f32x16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + j), vshift));
+    _mm512_mask_storeu_ps(x + j, lanes, e);
+    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(lanes, e));
+  }
+  return _mm512_reduce_add_ps(vsum);
+}
+
 // NVEC: head_dim / 16 when known at compile time (rows stay in registers), else 0.
 template <typename T, int64_t NVEC>
 void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int64_t n,
@@ -151,13 +179,9 @@ void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int6
     }
     for (int64_t qh = 0; qh < s.q_heads; ++qh) {  // online softmax: rescale what came before
       float* sr = scores + qh * kKeyBlock;
-      const float new_m = std::max(part.m[qh], *std::max_element(sr, sr + bn));
+      const float new_m = std::max(part.m[qh], block_max(sr, bn));
       const float alpha = exp_f32(part.m[qh] - new_m);  // 0 on the first block
-      float block_sum = 0.f;
-      for (int64_t jj = 0; jj < bn; ++jj) {
-        sr[jj] = exp_f32(sr[jj] - new_m);
-        block_sum += sr[jj];
-      }
+      const float block_sum = exp_in_place(sr, bn, new_m);
       part.l[qh] = part.l[qh] * alpha + block_sum;
       part.m[qh] = new_m;
       if (alpha != 1.f) {

@@ -46,6 +46,9 @@ SOURCE_FILES = (
     "bindings.cpp",
 )
 HEADER_FILES = ("common.h", "vec.h")
+# -fno-trapping-math: float -> int conversions and min/max may vectorize (exp_f32's
+# range reduction); no kernel reads the floating-point exception flags
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -89,7 +92,7 @@ def _build() -> ModuleType | None:
         module = cpp_extension.load(
             name=_extension_name(src),
             sources=[str(src / f) for f in SOURCE_FILES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
+            extra_cflags=list(CFLAGS),
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )
@@ -114,6 +117,7 @@ def _extension_name(src: Path) -> str:
     digest = hashlib.sha256()
     for name in SOURCE_FILES + HEADER_FILES:
         digest.update((src / name).read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
     digest.update(_cpu_flags().encode())
     digest.update(torch.__version__.encode())
     return f"sgl_kernel_cpu_{digest.hexdigest()[:16]}"
