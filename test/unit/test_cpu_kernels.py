@@ -302,7 +302,7 @@ def test_decode_attention_rejects_a_bad_seq_len(kernels):
 # -- routing in the layers ----------------------------------------------------------------
 
 
-def test_layers_take_the_kernels_for_decode_sized_calls_only(kernels, monkeypatch):
+def test_layers_take_the_kernels_for_any_rows_unless_disabled(kernels, monkeypatch):
     calls = []
     real = kernels.silu_and_mul_out
     monkeypatch.setattr(kernels, "silu_and_mul_out", lambda *a: calls.append(1) or real(*a))
@@ -311,10 +311,12 @@ def test_layers_take_the_kernels_for_decode_sized_calls_only(kernels, monkeypatc
     out = act(small)
     torch.testing.assert_close(out, F.silu(small[:, :32]) * small[:, 32:])
     assert calls == [1]
-    act(torch.randn(cpu_kernels.MAX_FUSED_ROWS + 1, 64))  # prefill-sized: torch ops
+    big = torch.randn(3000, 64)  # a prefill chunk
+    torch.testing.assert_close(act(big), F.silu(big[:, :32]) * big[:, 32:])
+    assert calls == [1, 1]
     with cpu_kernels.disabled():
         act(small)
-    assert calls == [1]
+    assert calls == [1, 1]
 
 
 def test_rmsnorm_layer_same_result_either_path(kernels):

@@ -181,7 +181,7 @@ class Envs:
         "bool",
         True,
         "Use our native CPU kernels (sgl-kernel/csrc/cpu, built on first use and cached) "
-        "for decode-sized calls; 0 keeps the torch ops (the kernels' reference).",
+        "on CPU; 0 keeps the torch ops (the kernels' reference).",
     )
 
     TRITON_INTERPRET = EnvVar(

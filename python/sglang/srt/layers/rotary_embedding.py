@@ -78,8 +78,8 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(x, cos, sin)
 
     def _kernel_usable(self, positions: torch.Tensor) -> bool:
-        """The CPU kernel rotates in place; it takes decode-sized calls (cpu_kernels)."""
-        return cpu_kernels.fits(positions)
+        """The CPU kernel (in place) serves every call on CPU while the kernels are on."""
+        return cpu_kernels.serves(positions)
 
     def _rotate_kernel(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H * D] with contiguous rows, rotated in place and returned."""

@@ -155,7 +155,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             not fb.extend_seq_lens_cpu or max(fb.extend_seq_lens_cpu) > _KERNEL_MAX_EXTEND
         ):
             return False
-        return cpu_kernels.fits(fb.out_cache_loc)
+        return cpu_kernels.serves(fb.out_cache_loc)
 
     def _torch_metadata_for(self, layer: RadixAttention, fb: ForwardBatch) -> _Metadata:
         """This layer's metadata for the torch path. A kernel placeholder is replaced (the
