@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers import cpu_kernels
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_context
 from sglang.test.hf_reference import hf_logits, hf_prompt_logprobs, load_hf_model
@@ -77,3 +78,27 @@ def test_greedy_decode_agrees_with_hf_up_to_near_ties(setup):
         chosen = logprobs.gather(1, torch.tensor(ours).unsqueeze(1)).squeeze(1)
         gap = logprobs.max(-1).values - chosen  # 0 where HF agrees
         assert gap.max() <= NEAR_TIE_LOGPROB, f"step {int(gap.argmax())}: gap {gap.max():.3f}"
+
+
+def test_float32_model_over_a_bf16_kv_pool(tiny_model_dir, monkeypatch):
+    """--kv-cache-dtype bfloat16 under a float32 model (half the KV memory and bytes to
+    read): decode takes the CPU attention kernel, whose greedy tokens equal the torch
+    path's over the same bf16 pool."""
+    model_dir = str(tiny_model_dir("llama"))
+    with get_context().override_server_args(
+        model_path=model_dir, device="cpu", max_total_tokens=4096, kv_cache_dtype="bfloat16"
+    ):
+        worker = TpModelWorker(ModelConfig(model_dir, dtype="float32"))
+    assert worker.model_runner.token_to_kv_pool.dtype == torch.bfloat16
+    kernels = cpu_kernels.load()
+    calls = []
+    real = kernels.paged_attention
+    monkeypatch.setattr(kernels, "paged_attention", lambda *a: calls.append(1) or real(*a))
+    prompts = [[5 + i, 17, 33 + 2 * i, 9, 41, 12 + i] * 4 for i in range(3)]
+    sched = MiniScheduler(worker)
+    with_kernel = sched.generate([MiniReq(list(p)) for p in prompts], GREEDY_TOKENS)
+    assert calls, "decode did not take the kernel"
+    with cpu_kernels.disabled():
+        torch_path = sched.generate([MiniReq(list(p)) for p in prompts], GREEDY_TOKENS)
+    assert with_kernel == torch_path
+    worker.token_to_kv_pool_allocator.check_integrity()

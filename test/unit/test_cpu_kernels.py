@@ -261,6 +261,42 @@ def test_decode_attention_half_precision_pools(kernels, dtype, page_size, lens, 
     torch.testing.assert_close(out.view(2, hq, d).float(), expected, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("lens,head_dim", [([30, 7], 64), ([700, 65], 128), ([20, 9], 48)])
+def test_float32_queries_over_a_half_precision_pool(kernels, pool_dtype, lens, head_dim):
+    """--kv-cache-dtype bfloat16/float16 under a float32 model: the new K/V are stored
+    rounded to the pool's dtype and attention reads them widened to float32."""
+    gen = torch.Generator().manual_seed(head_dim + len(lens))
+    hq, hkv = 8, 2
+    table, rows, num_slots = _page_table(lens, 1, gen)
+    pool = torch.randn(num_slots, 2, hkv, head_dim, generator=gen).to(pool_dtype)
+    qkv = torch.randn(len(lens), (hq + 2 * hkv) * head_dim, generator=gen)
+    q, k, v = qkv.split([hq * head_dim, hkv * head_dim, hkv * head_dim], dim=1)
+    loc = torch.tensor([table[r, n - 1].item() for r, n in zip(rows, lens)], dtype=torch.int64)
+    out = q.new_empty(len(lens), hq * head_dim)
+    kernels.paged_attention(
+        out, q, k, v, pool, loc, table, torch.tensor(rows), torch.tensor(lens), NO_EXT,
+        head_dim**-0.5, 0.0, 0, True,
+    )  # fmt: skip
+    assert torch.equal(pool[loc, 0], k.reshape(-1, hkv, head_dim).to(pool_dtype))
+    assert torch.equal(pool[loc, 1], v.reshape(-1, hkv, head_dim).to(pool_dtype))
+    expected = _reference_decode(
+        q.view(-1, hq, head_dim), pool, table, rows, lens, head_dim**-0.5, 0, 0, hkv
+    )
+    torch.testing.assert_close(out.view(-1, hq, head_dim), expected, atol=FP32_TOL, rtol=FP32_TOL)
+
+
+def test_a_half_precision_query_needs_its_own_pool_dtype(kernels):
+    q = torch.randn(1, 64).bfloat16()
+    pool = torch.zeros(4, 2, 1, 64, dtype=torch.float16)
+    table = torch.zeros(2, 4, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="kv_pool must have q's dtype"):
+        kernels.paged_attention(
+            torch.empty_like(q), q, q, q, pool, torch.zeros(1, dtype=torch.int64), table,
+            torch.tensor([1]), torch.tensor([1]), NO_EXT, 0.125, 0.0, 0, False,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("head_dim,window,cap", [(64, 0, 0.0), (96, 0, 0.0), (256, 0, 0.0),
                                                  (64, 333, 0.0), (128, 0, 20.0)])  # fmt: skip

@@ -19,12 +19,13 @@ struct DecodeShape {
   int64_t window;                // 0: full attention
 };
 
-// Writes k, v ([T, Hkv * D], rows may be strided) into pool slots `loc`.
-template <typename T>
-void write_kv(T* pool, const T* k, const T* v, const int64_t* loc, int64_t rows,
+// Writes k, v ([T, Hkv * D], rows may be strided) into pool slots `loc`, converted to the
+// pool's dtype P.
+template <typename T, typename P>
+void write_kv(P* pool, const T* k, const T* v, const int64_t* loc, int64_t rows,
               int64_t k_stride, int64_t v_stride, int64_t slot_stride, int64_t width) {
   for (int64_t r = 0; r < rows; ++r) {
-    T* slot = pool + loc[r] * slot_stride;  // [2, Hkv, D]: K then V
+    P* slot = pool + loc[r] * slot_stride;  // [2, Hkv, D]: K then V
     std::copy(k + r * k_stride, k + r * k_stride + width, slot);
     std::copy(v + r * v_stride, v + r * v_stride + width, slot + width);
   }
@@ -34,15 +35,15 @@ void write_kv(T* pool, const T* k, const T* v, const int64_t* loc, int64_t rows,
 // row read once for all of them.
 //   q: [group, D]; out: [group, D]; keys/values of the kv_len slots listed in `slots`.
 //   scores: [group, kv_len] and acc: [group, D], scratch.
-template <typename T>
-void attend_one(const T* q, T* out, const T* pool, const int32_t* slots, int64_t kv_len,
+template <typename T, typename P>
+void attend_one(const T* q, T* out, const P* pool, const int32_t* slots, int64_t kv_len,
                 int64_t kv_head, int64_t group, const DecodeShape& s, std::vector<float>& scores,
                 std::vector<float>& acc) {
   const int64_t d = s.head_dim, width = s.kv_heads * d;
   scores.resize(group * kv_len);
   acc.assign(group * d, 0.f);
   for (int64_t j = 0; j < kv_len; ++j) {
-    const T* key = pool + int64_t(slots[j]) * s.slot_stride + kv_head * d;
+    const P* key = pool + int64_t(slots[j]) * s.slot_stride + kv_head * d;
     for (int64_t g = 0; g < group; ++g) {
       float score = dot(q + g * d, key, d) * s.scale;
       if (s.logit_cap > 0.f) score = s.logit_cap * std::tanh(score / s.logit_cap);
@@ -55,7 +56,7 @@ void attend_one(const T* q, T* out, const T* pool, const int32_t* slots, int64_t
     for (int64_t j = 0; j < kv_len; ++j) row[j] = exp_f32(row[j] - max_score);
   }
   for (int64_t j = 0; j < kv_len; ++j) {
-    const T* value = pool + int64_t(slots[j]) * s.slot_stride + width + kv_head * d;
+    const P* value = pool + int64_t(slots[j]) * s.slot_stride + width + kv_head * d;
     for (int64_t g = 0; g < group; ++g) {
       const float p = scores[g * kv_len + j];
       float* a = acc.data() + g * d;
@@ -231,8 +232,8 @@ void merge_partials(T* out, const float* m, const float* l, const float* acc, in
 }
 
 // All tokens' attention on the AVX-512 path (see above): out rows <- attention of q rows.
-template <typename T>
-void attend_tokens_vec(const T* qp, T* op, const T* pool, const int32_t* table,
+template <typename T, typename P>
+void attend_tokens_vec(const T* qp, T* op, const P* pool, const int32_t* table,
                        const int64_t* pool_idx, const TokenPlaces& places, int64_t rows,
                        const DecodeShape& s) {
   const int64_t hq = s.q_heads, d = s.head_dim;
@@ -265,9 +266,9 @@ void attend_tokens_vec(const T* qp, T* op, const T* pool, const int32_t* table,
                              (places.token_end[t] - kv_len[t]) + k0;
       const Partial part{&m[item * hq], &l[item * hq], &acc[item * hq * d]};
       switch (d) {
-        case 64: attend_range_vec<T, 4>(qf.data(), pool, slots, k1 - k0, s, part); break;
-        case 128: attend_range_vec<T, 8>(qf.data(), pool, slots, k1 - k0, s, part); break;
-        default: attend_range_vec<T, 0>(qf.data(), pool, slots, k1 - k0, s, part);
+        case 64: attend_range_vec<P, 4>(qf.data(), pool, slots, k1 - k0, s, part); break;
+        case 128: attend_range_vec<P, 8>(qf.data(), pool, slots, k1 - k0, s, part); break;
+        default: attend_range_vec<P, 0>(qf.data(), pool, slots, k1 - k0, s, part);
       }
     }
   });
@@ -281,11 +282,64 @@ void attend_tokens_vec(const T* qp, T* op, const T* pool, const int32_t* table,
 }
 #endif
 
+// One paged_attention call's checked arguments (see paged_attention).
+struct PagedCall {
+  const at::Tensor &q, &k, &v, &kv_pool, &loc, &req_to_token;
+  const int64_t* pool_idx;
+  const TokenPlaces& places;
+  const DecodeShape& s;
+  int64_t rows;
+  bool save_kv;
+};
+
+// q, k, v, out of dtype T; the pool of dtype P (T, or bf16/fp16 under a float32 model).
+template <typename T, typename P>
+void run_paged_attention(const PagedCall& c, at::Tensor& out) {
+  const DecodeShape& s = c.s;
+  const int64_t kv_heads = s.kv_heads, d = s.head_dim, group = s.q_heads / s.kv_heads;
+  P* pool = c.kv_pool.data_ptr<P>();
+  if (c.save_kv) {
+    check_rows(c.k, "k");
+    check_rows(c.v, "v");
+    TORCH_CHECK(c.k.scalar_type() == c.q.scalar_type() && c.v.scalar_type() == c.q.scalar_type(),
+                "k and v must have q's dtype");
+    TORCH_CHECK(c.k.size(0) == c.rows && c.v.size(0) == c.rows && c.k.size(1) == kv_heads * d &&
+                    c.v.size(1) == kv_heads * d,
+                "k, v: [T, Hkv * D]");
+    write_kv(pool, c.k.data_ptr<T>(), c.v.data_ptr<T>(), c.loc.data_ptr<int64_t>(), c.rows,
+             c.k.stride(0), c.v.stride(0), s.slot_stride, kv_heads * d);
+  }
+  const T* qp = c.q.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int32_t* table = c.req_to_token.data_ptr<int32_t>();
+#if defined(SGL_HAVE_AVX512)
+  if constexpr (kHasVecLoad<T> && kHasVecLoad<P>) {
+    if (d % kVecWidth == 0 && d <= kMaxVecDim && s.q_heads <= 64) {
+      attend_tokens_vec(qp, op, pool, table, c.pool_idx, c.places, c.rows, s);
+      return;
+    }
+  }
+#endif
+  const TokenPlaces& places = c.places;
+  at::parallel_for(0, c.rows * kv_heads, grain_for(2 * places.mean_kv_len * d * group),
+                   [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / kv_heads, h = item % kv_heads;
+      const int64_t b = places.token_req[t], kv_end = places.token_end[t];
+      const int64_t kv_len = s.window > 0 ? std::min(kv_end, s.window) : kv_end;
+      const int32_t* slots = table + c.pool_idx[b] * s.table_stride + (kv_end - kv_len);
+      attend_one(qp + t * s.q_stride + h * group * d, op + t * s.out_stride + h * group * d,
+                 pool, slots, kv_len, h, group, s, scores, acc);
+    }
+  });
+}
+
 }  // namespace
 
 // Attention of a batch's new tokens over the paged KV pool, each causal over its own
 // request: q: [T, Hq * D]; k, v: [T, Hkv * D] (rows may be strided); kv_pool:
-// [slots, 2, Hkv, D] contiguous, of q's dtype; loc: int64[T] (the new tokens' slots,
+// [slots, 2, Hkv, D] contiguous, of q's dtype or bf16/fp16 under a float32 q; loc: int64[T] (the new tokens' slots,
 // already in req_to_token); req_to_token: int32[R, L]; req_pool_indices, seq_lens:
 // int64[bs] (seq_lens count the new tokens); extend_lens: int64[bs] new tokens per
 // request (empty: decode, one each); out: [T, Hq * D]. A token at position p sees the
@@ -299,8 +353,11 @@ void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
   check_rows(out, "out");
   TORCH_CHECK(kv_pool.dim() == 4 && kv_pool.size(1) == 2 && kv_pool.is_contiguous(),
               "kv_pool must be a contiguous [slots, 2, Hkv, D]");
-  TORCH_CHECK(kv_pool.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
-              "kv_pool and out must have q's dtype");
+  TORCH_CHECK(out.scalar_type() == q.scalar_type(), "out must have q's dtype");
+  TORCH_CHECK(kv_pool.scalar_type() == q.scalar_type() ||
+                  (q.scalar_type() == at::kFloat &&
+                   (kv_pool.scalar_type() == at::kBFloat16 || kv_pool.scalar_type() == at::kHalf)),
+              "kv_pool must have q's dtype, or be bfloat16/float16 under a float32 q");
   TORCH_CHECK(req_to_token.scalar_type() == at::kInt && req_to_token.stride(1) == 1,
               "req_to_token must be int32 with contiguous rows");
   const int64_t rows = q.size(0), bs = seq_lens.numel();
@@ -327,41 +384,17 @@ void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
     TORCH_CHECK(pool_idx[b] >= 0 && pool_idx[b] < req_to_token.size(0), "bad req_pool_index");
   }
   const TokenPlaces places = token_places(lens, extend_lens, bs, rows);
-  SGL_DISPATCH_FLOATS(q.scalar_type(), "paged_attention", [&] {
-    scalar_t* pool = kv_pool.data_ptr<scalar_t>();
-    if (save_kv) {
-      check_rows(k, "k");
-      check_rows(v, "v");
-      TORCH_CHECK(k.size(0) == rows && v.size(0) == rows && k.size(1) == kv_heads * d &&
-                      v.size(1) == kv_heads * d,
-                  "k, v: [T, Hkv * D]");
-      write_kv(pool, k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), loc.data_ptr<int64_t>(),
-               rows, k.stride(0), v.stride(0), s.slot_stride, kv_heads * d);
-    }
-    const scalar_t* qp = q.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    const int32_t* table = req_to_token.data_ptr<int32_t>();
-#if defined(SGL_HAVE_AVX512)
-    if constexpr (kHasVecLoad<scalar_t>) {
-      if (d % kVecWidth == 0 && d <= kMaxVecDim && s.q_heads <= 64) {
-        attend_tokens_vec(qp, op, pool, table, pool_idx, places, rows, s);
-        return;
-      }
-    }
-#endif
-    at::parallel_for(0, rows * kv_heads, grain_for(2 * places.mean_kv_len * d * group),
-                     [&](int64_t begin, int64_t end) {
-      std::vector<float> scores, acc;
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t t = item / kv_heads, h = item % kv_heads;
-        const int64_t b = places.token_req[t], kv_end = places.token_end[t];
-        const int64_t kv_len = window > 0 ? std::min(kv_end, window) : kv_end;
-        const int32_t* slots = table + pool_idx[b] * s.table_stride + (kv_end - kv_len);
-        attend_one(qp + t * s.q_stride + h * group * d, op + t * s.out_stride + h * group * d,
-                   pool, slots, kv_len, h, group, s, scores, acc);
-      }
+  const PagedCall call{q, k, v, kv_pool, loc, req_to_token, pool_idx, places, s, rows, save_kv};
+  const auto q_type = q.scalar_type(), pool_type = kv_pool.scalar_type();
+  if (q_type == at::kFloat && pool_type == at::kBFloat16) {
+    run_paged_attention<float, c10::BFloat16>(call, out);
+  } else if (q_type == at::kFloat && pool_type == at::kHalf) {
+    run_paged_attention<float, c10::Half>(call, out);
+  } else {
+    SGL_DISPATCH_FLOATS(q_type, "paged_attention", [&] {
+      run_paged_attention<scalar_t, scalar_t>(call, out);
     });
-  });
+  }
 }
 
 }  // namespace sgl_cpu

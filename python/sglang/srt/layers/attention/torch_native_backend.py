@@ -159,8 +159,7 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def _torch_metadata_for(self, layer: RadixAttention, fb: ForwardBatch) -> _Metadata:
         """This layer's metadata for the torch path. A kernel placeholder is replaced (the
-        kernel was not taken: q's dtype is not the pool's, a --kv-cache-dtype other than
-        the model's)."""
+        kernel was not taken: a pool dtype it cannot pair with q's, see kernel_takes)."""
         md = self._metadata_for(layer, fb)
         if isinstance(md, _KernelPaged):
             window = layer.sliding_window_size
@@ -247,9 +246,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
         """q: [T, Hq * D]; k, v: [T, Hkv * D] -> [T, Hq * D]: the CPU kernel when this
-        forward's metadata chose it and q is in the pool's dtype, else the torch path."""
+        forward's metadata chose it and it takes q's and the pool's dtypes, else the torch
+        path."""
         md = self._metadata_for(layer, forward_batch)
-        if isinstance(md, _KernelPaged) and q.dtype == forward_batch.token_to_kv_pool.dtype:
+        if isinstance(md, _KernelPaged) and kernel_takes(
+            q.dtype, forward_batch.token_to_kv_pool.dtype
+        ):
             return _kernel_attention(q, k, v, layer, forward_batch, md, save_kv_cache)
         return super().forward(q, k, v, layer, forward_batch, save_kv_cache)
 
@@ -342,6 +344,14 @@ class TorchNativeAttnBackend(AttentionBackend):
 
 
 _NO_EXTEND_LENS = torch.empty(0, dtype=torch.int64)
+
+
+def kernel_takes(q_dtype: torch.dtype, pool_dtype: torch.dtype) -> bool:
+    """The kernel's dtype pairs: q in the pool's dtype, or a float32 q (model) over a
+    bf16/fp16 pool (--kv-cache-dtype bfloat16/float16: half the KV bytes to read)."""
+    return q_dtype == pool_dtype or (
+        q_dtype == torch.float32 and pool_dtype in (torch.bfloat16, torch.float16)
+    )
 
 
 def _kernel_attention(
