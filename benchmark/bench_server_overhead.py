@@ -29,6 +29,8 @@ import sys
 import time
 import urllib.request
 
+from sglang.test.soak import maps_libtorch
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -48,8 +50,7 @@ def role(pid: int) -> str | None:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         if b"spawn_main" not in f.read():
             return None
-    with open(f"/proc/{pid}/maps") as f:
-        return "scheduler" if "libtorch" in f.read() else "detokenizer"
+    return "scheduler" if maps_libtorch(pid) else "detokenizer"
 
 
 def wait_healthy(port: int, timeout_s: float = 180.0) -> None:

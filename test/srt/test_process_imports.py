@@ -7,12 +7,12 @@ Read from /proc/<pid>/maps, which needs no cooperation from the process.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import psutil
 import pytest
 import requests
 from http_server_fixture import start_server
+
+from sglang.test.soak import maps_libtorch
 
 pytestmark = pytest.mark.slow
 
@@ -23,10 +23,6 @@ def server(tiny_llama_dir, tmp_path_factory):
     server = start_server(tiny_llama_dir, log, "--dp-size", "2")
     yield server
     server.stop()
-
-
-def maps_libtorch(pid: int) -> bool:
-    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
 
 def spawned_children(pid: int) -> list[psutil.Process]:

@@ -528,7 +528,7 @@ def server_processes(pid: int) -> list[tuple[str, psutil.Process]]:
         cmdline = " ".join(_cmdline(child))
         (spawned if "spawn_main" in cmdline else others).append(child)
     spawned.sort(key=lambda p: (p.create_time(), p.pid))
-    schedulers = [p for p in spawned if _maps_libtorch(p)]
+    schedulers = [p for p in spawned if maps_libtorch(p.pid)]
     torch_free = [p for p in spawned if p not in schedulers]
     roles = [("launcher", launcher)]
     roles += [
@@ -541,9 +541,10 @@ def server_processes(pid: int) -> list[tuple[str, psutil.Process]]:
     return roles
 
 
-def _maps_libtorch(proc: psutil.Process) -> bool:
+def maps_libtorch(pid: int) -> bool:
+    """Whether process `pid` has libtorch mapped (False when it is gone)."""
     try:
-        with open(f"/proc/{proc.pid}/maps") as f:
+        with open(f"/proc/{pid}/maps") as f:
             return "libtorch" in f.read()
     except OSError:
         return False

@@ -205,7 +205,6 @@ def _launch_subprocesses(
     started child is stopped before the error propagates.
     """
     from sglang.srt.environ import envs
-    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
     from sglang.srt.parser.chat_template import resolve_auto_parsers
     from sglang.srt.server_args import resolution_result
 
@@ -233,22 +232,9 @@ def _launch_subprocesses(
         readers = _launch_scheduler_processes(
             ctx, children, server_args, port_args, clocks, placement_group
         )
-        if dp_size > 1:
-            from sglang.srt.managers.data_parallel_controller import (
-                run_data_parallel_controller_process,
-            )
-
-            args = (server_args, port_args)
-            readers.append(
-                _spawn_child(
-                    ctx, children, "dp_controller", run_data_parallel_controller_process, args
-                )
-            )
-        if not inline_detokenizer:  # inline: the TokenizerManager detokenizes
-            args = (server_args, port_args)
-            readers.append(
-                _spawn_child(ctx, children, "detokenizer", run_detokenizer_process, args)
-            )
+        readers += _launch_relay_processes(
+            ctx, children, server_args, port_args, dp_size, inline_detokenizer
+        )
         ready_timeout_s = envs.SGLANG_CHILD_READY_TIMEOUT.get()
         infos = {
             role: _wait_ready(role, proc, reader, ready_timeout_s) for role, proc, reader in readers
@@ -263,6 +249,34 @@ def _launch_subprocesses(
     children.on_death.append(tokenizer_manager.on_child_death)
     children.start_watchdog()
     return tokenizer_manager, children
+
+
+def _launch_relay_processes(
+    ctx: Any,
+    children: ChildProcesses,
+    server_args: Any,
+    port_args: PortArgs,
+    dp_size: int,
+    inline_detokenizer: bool,
+) -> list[tuple[str, Any, Any]]:
+    """Start the processes between the schedulers and the TokenizerManager: the DP
+    controller (dp_size > 1) and the detokenizer (not with detokenizer_mode inline, where
+    the TokenizerManager detokenizes). Returns their (role, process, ready reader)."""
+    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+
+    args = (server_args, port_args)
+    readers = []
+    if dp_size > 1:
+        from sglang.srt.managers.data_parallel_controller import (
+            run_data_parallel_controller_process,
+        )
+
+        readers.append(
+            _spawn_child(ctx, children, "dp_controller", run_data_parallel_controller_process, args)
+        )
+    if not inline_detokenizer:
+        readers.append(_spawn_child(ctx, children, "detokenizer", run_detokenizer_process, args))
+    return readers
 
 
 def scheduler_role(dp_size: int, tp_size: int, dp_rank: int, tp_rank: int) -> str:
