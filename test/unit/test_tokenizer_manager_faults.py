@@ -53,3 +53,26 @@ def test_a_failed_request_raises_with_its_status():
     with pytest.raises(RequestFailedError, match="boom"):
         raise error_of_finish(reason)
     assert error_of_finish({"type": "abort", "matched": None, "message": "by client"}) is None
+
+
+def test_the_abort_that_follows_a_failure_does_not_replace_its_error():
+    """A request failed here (its output unusable) is aborted in the scheduler, whose
+    abort finish can arrive before the waiting coroutine runs: the error must stay."""
+
+    async def run() -> None:
+        tm = _bare_manager()
+        tm.rid_to_state["bad"] = ReqState(obj=GenerateReqInput(text="x", rid="bad"), prompt_tokens=1)
+
+        def output(text, reason) -> BatchStrOutput:
+            return BatchStrOutput(
+                rids=["bad"], new_texts=[text], new_output_ids=[[1]], finished_reasons=[reason],
+                prompt_tokens=[1], completion_tokens=[1], cached_tokens=[0], queue_times=[None],
+            )  # fmt: skip
+
+        tm._handle_batch_output(output(None, None))  # unusable: fails here
+        tm._handle_batch_output(output("", {"type": "abort", "message": "Aborted by request."}))
+        bad = tm.rid_to_state["bad"]
+        assert isinstance(error_of_finish(bad.finished_reason), RequestFailedError)
+        assert bad.text == "" and bad.output_ids == []
+
+    asyncio.run(run())

@@ -426,7 +426,9 @@ class TokenizerManager(TokenizerEmbeddingMixin):
     def _handle_batch_output(self, msg: BatchStrOutput) -> None:
         for i, rid in enumerate(msg.rids):
             state = self.rid_to_state.get(rid)
-            if state is None:
+            if state is None or state.finished_reason is not None:
+                # Already finished here (a detokenizer or absorb error): what follows
+                # is the scheduler's answer to our abort, which must not replace it.
                 continue
             try:
                 self._absorb_output(state, msg, i)
