@@ -38,8 +38,8 @@ class ModelArgs:
     dtype: str = arg(
         "auto",
         "Weight and activation dtype. 'auto' takes config.json's dtype; on cpu a bf16/fp16 "
-        "checkpoint runs in float32 unless the CPU has native bf16/fp16 matmuls "
-        "(avx512_bf16/amx_bf16, avx512_fp16/amx_fp16).",
+        "checkpoint runs in float32 unless the CPU has AMX bf16/fp16 matmuls "
+        "(amx_bf16, amx_fp16).",
         choices=DTYPE_CHOICES,
     )
     context_length: int | None = arg(

@@ -29,12 +29,14 @@ Resolved = tuple[str, dict[str, Any]] | None
 Resolver = Callable[[Any], Resolved]
 
 HALF_DTYPES = ("float16", "bfloat16", "half")
-# /proc/cpuinfo flags of native half-precision matmuls on x86: with one of them oneDNN runs
-# bf16 (fp16) GEMMs in hardware, several times faster than float32 at decode sizes;
-# without, torch converts in software and half is slower than float32
+# /proc/cpuinfo flags under which a half-precision checkpoint keeps its dtype on CPU: AMX
+# tiles, with which oneDNN runs bf16 (fp16) GEMMs several times faster than float32. The
+# AVX-512 dot-product instructions alone (avx512_bf16, avx512_fp16) do not pay: measured on
+# a Xeon with avx512_bf16/avx512_fp16 but no AMX, torch's bf16 linear was 1.1-3.6x slower
+# than float32 at decode sizes (M 1-32) and 1.4-1.6x slower at M 256 (benchmark/RESULTS.md)
 NATIVE_HALF_CPU_FLAGS = {
-    "bfloat16": ("avx512_bf16", "amx_bf16"),
-    "float16": ("avx512_fp16", "amx_fp16"),
+    "bfloat16": ("amx_bf16",),
+    "float16": ("amx_fp16",),
 }
 
 
