@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from sglang.srt.layers import cpu_kernels
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import LONG_K, ColumnParallelLinear, linear
 from sglang.srt.layers.rotary_embedding import get_rope
 from sglang.srt.layers.sampler import greedy_ids
 
@@ -435,3 +436,69 @@ def test_greedy_sampling_takes_the_kernel_on_strided_logits(kernels):
     assert torch.equal(greedy_ids(logits), logits.argmax(-1))
     with cpu_kernels.disabled():
         assert torch.equal(greedy_ids(logits), logits.argmax(-1))
+
+
+# -- small-M linear -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "rows,k,n",
+    # every x-row remainder of the 6-row tile (1-13 rows), an N tail past the 4-row weight
+    # blocks (N % 4), a K tail past the 16-lane vectors (K % 16), K below one vector
+    [(1, 256, 512), (2, 96, 36), (5, 64, 7), (6, 48, 8), (7, 100, 33), (13, 1030, 70), (3, 9, 5)],
+)
+def test_linear_small_m_matches_torch(kernels, dtype, rows, k, n):
+    x, w = torch.randn(rows, k, dtype=dtype), torch.randn(n, k, dtype=dtype) / k**0.5
+    bias = torch.randn(n, dtype=dtype)
+    want = F.linear(x.float(), w.float(), bias.float())
+    for b in (None, bias):
+        out = torch.empty(rows, n, dtype=dtype)
+        kernels.linear_small_m(out, x, w, b)
+        expected = want if b is not None else want - bias.float()
+        torch.testing.assert_close(out.float(), expected, **_tol(dtype))
+
+
+def test_linear_small_m_strided_rows_and_threads(kernels):
+    base = torch.randn(9, 2 * 128)
+    x = base[:, 64 : 64 + 128]  # rows of a wider buffer (row stride 256)
+    w = torch.randn(300, 128)
+    previous = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 4):
+            torch.set_num_threads(threads)
+            out = torch.empty(9, 300)
+            kernels.linear_small_m(out, x, w)
+            torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_linear_small_m_refuses_mismatched_arguments(kernels):
+    x, w = torch.randn(2, 32), torch.randn(8, 32)
+    with pytest.raises(RuntimeError, match="columns"):
+        kernels.linear_small_m(torch.empty(2, 8), x, torch.randn(8, 16))
+    with pytest.raises(RuntimeError, match="one dtype"):
+        kernels.linear_small_m(torch.empty(2, 8), x, w.bfloat16())
+    with pytest.raises(RuntimeError, match="out must be"):
+        kernels.linear_small_m(torch.empty(2, 9), x, w)
+    with pytest.raises(RuntimeError, match="contiguous 2-D"):
+        kernels.linear_small_m(torch.empty(2, 8), x, torch.randn(32, 8).t())
+
+
+def test_linear_layers_route_decode_rows_to_the_kernel(kernels, monkeypatch):
+    calls = []
+    real = kernels.linear_small_m
+    monkeypatch.setattr(kernels, "linear_small_m", lambda *a: calls.append(a[1].shape) or real(*a))
+    layer = ColumnParallelLinear(256, 64, bias=True)
+    layer.weight.data, layer.bias.data = torch.randn(64, 256) / 16, torch.randn(64)
+    for rows in (1, 16, 17, 300):  # 17 rows of a 256-wide input: F.linear is faster
+        x = torch.randn(rows, 256)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-4, rtol=1e-4)
+    assert calls == [(1, 256), (16, 256)]
+    wide, w = torch.randn(40, LONG_K), torch.randn(8, LONG_K) / 32
+    torch.testing.assert_close(linear(wide, w), F.linear(wide, w), atol=1e-4, rtol=1e-4)
+    assert calls[-1] == (40, LONG_K)
+    with cpu_kernels.disabled():
+        layer(torch.randn(2, 256))
+    assert len(calls) == 3

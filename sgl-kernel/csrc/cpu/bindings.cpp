@@ -13,6 +13,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& seq_lens, const at::Tensor& extend_lens, double scale,
                      double logit_cap, int64_t window, bool save_kv);
 void argmax_rows(at::Tensor& out, const at::Tensor& x);
+void linear_small_m(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                    const std::optional<at::Tensor>& bias);
 }  // namespace sgl_cpu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -23,5 +25,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_neox_", &sgl_cpu::rotary_neox_, "neox rotary embedding, in place");
   m.def("paged_attention", &sgl_cpu::paged_attention,
         "causal attention of new tokens over the paged KV pool (writes their K/V first)");
+  m.def("linear_small_m", &sgl_cpu::linear_small_m,
+        "out <- x @ w^T (+ bias), reading w once for all rows (decode-size M)",
+        py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
   m.def("argmax_rows", &sgl_cpu::argmax_rows, "out <- argmax of each row (first max; NaN first)");
 }

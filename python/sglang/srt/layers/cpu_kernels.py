@@ -40,6 +40,7 @@ SOURCE_FILES = (
     "rotary.cpp",
     "paged_attention.cpp",
     "argmax.cpp",
+    "gemm.cpp",
     "bindings.cpp",
 )
 HEADER_FILES = ("common.h", "vec.h")

@@ -11,6 +11,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers import cpu_kernels
+
+# Row counts that take the small-M kernel on CPU (see `linear`): at most this many rows,
+# or up to LONG_K_MAX_ROWS when the input is at least LONG_K wide. Measured against
+# F.linear at 2 threads (benchmark/RESULTS.md): 1.5-2.1x faster at 4-16 rows on
+# [1024-3072]-wide weights, 1.1-1.4x at 32-64 rows there, but slower past 16 rows on
+# 256-wide ones.
+SMALL_M_MAX_ROWS = 16
+LONG_K = 1024
+LONG_K_MAX_ROWS = 64
+
 
 def tensor_parallel_all_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
     """Sum `x` over the TP group; a no-op at tp_size 1 (no process group needed)."""
@@ -19,6 +30,26 @@ def tensor_parallel_all_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
     from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce
 
     return tensor_model_parallel_all_reduce(x)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear; on CPU a decode-size batch takes our kernel, which reads each weight row
+    once for all rows (MKL re-reads the [out, in] weight per row at small M)."""
+    if _takes_small_m(x, weight, bias):
+        out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
+        cpu_kernels.load().linear_small_m(out, x, weight, bias)
+        return out
+    return F.linear(x, weight, bias)
+
+
+def _takes_small_m(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    if x.dim() != 2 or x.stride(1) != 1 or not weight.is_contiguous():
+        return False
+    rows = x.shape[0]
+    if rows > SMALL_M_MAX_ROWS and (rows > LONG_K_MAX_ROWS or x.shape[1] < LONG_K):
+        return False
+    same_dtype = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype)
+    return same_dtype and cpu_kernels.usable(x)
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -55,7 +86,7 @@ class ReplicatedLinear(LinearBase):
         _copy_checked(param, loaded, "replicated linear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -74,7 +105,7 @@ class ColumnParallelLinear(LinearBase):
         _copy_checked(param, loaded.narrow(0, self.tp_rank * rows, rows), "column linear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -147,5 +178,5 @@ class RowParallelLinear(LinearBase):
         _copy_checked(param, loaded, "row linear bias")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = tensor_parallel_all_reduce(F.linear(x, self.weight), self.tp_size)
+        out = tensor_parallel_all_reduce(linear(x, self.weight), self.tp_size)
         return out if self.bias is None else out + self.bias

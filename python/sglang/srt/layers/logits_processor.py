@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from sglang.srt.layers.linear import linear
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -69,7 +70,7 @@ class LogitsProcessor(nn.Module):
         return out
 
     def _logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        logits = F.linear(hidden, lm_head.weight)
+        logits = linear(hidden, lm_head.weight)
         if self.tp_size > 1:
             from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_gather
 

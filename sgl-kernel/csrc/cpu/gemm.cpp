@@ -1,0 +1,155 @@
+// y = x W^T (+ b) for the few rows of a decode step: each weight row is read from memory
+// once for all the rows of x. torch's CPU linear (MKL) re-reads W per row at small M on
+// the [out, in] layout: [8, 1024] x [3072, 1024]^T takes ~3x the time of one row.
+//
+// Shapes: x [M, K] (rows contiguous, any row stride), W [N, K] contiguous, b [N] or none,
+// out [M, N] contiguous. One work item is a block of kRowsPerTile weight rows; inside it
+// the rows of x go kMaxXRows at a time, so the block (kRowsPerTile x K) stays in L1 while
+// the x rows pass over it. Sums are float32 over 16-lane partial sums (a different order
+// than MKL's: results agree to float rounding, not bit for bit).
+#include "common.h"
+#include "vec.h"
+
+namespace sgl_cpu {
+namespace {
+
+constexpr int kRowsPerTile = 4;  // weight rows per tile: 4 outputs reduced together
+constexpr int kMaxXRows = 6;     // x rows per tile: 6 x 4 accumulators + 4 W + 1 x = 29 zmm
+
+struct GemmCall {
+  int64_t m, n, k, x_stride;
+};
+
+// Scalar dot of the K tail (K % 16 elements) and the portable path.
+template <typename T>
+inline float dot_range(const T* a, const T* b, int64_t begin, int64_t end) {
+  float acc = 0.f;
+  for (int64_t i = begin; i < end; ++i) acc += static_cast<float>(a[i]) * static_cast<float>(b[i]);
+  return acc;
+}
+
+template <typename T>
+inline void store_out(T* out, int64_t col, float value, const T* bias) {
+  if (bias != nullptr) value += static_cast<float>(bias[col]);
+  out[col] = static_cast<T>(value);
+}
+
+#if defined(SGL_HAVE_AVX512)
+// The four lanes' totals of a, b, c, d as lanes 0..3 of an __m128.
+inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 abcd = _mm512_add_ps(
+      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  // each 128-bit lane now holds [a, b, c, d] partial sums: add the four lanes
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+// out[r, n0..n0+4) for the XR rows of x starting at x_rows (XR <= kMaxXRows).
+template <typename T, int XR>
+void tile4(const T* x_rows, const T* w_rows, T* out_rows, const T* bias, int64_t n0,
+           const GemmCall& c) {
+  __m512 acc[XR][kRowsPerTile];
+  for (int r = 0; r < XR; ++r)
+    for (int j = 0; j < kRowsPerTile; ++j) acc[r][j] = _mm512_setzero_ps();
+  const int64_t k_vec = c.k - c.k % kVecWidth;
+  for (int64_t i = 0; i < k_vec; i += kVecWidth) {
+    __m512 w[kRowsPerTile];
+    for (int j = 0; j < kRowsPerTile; ++j) w[j] = load_f32x16(w_rows + j * c.k + i);
+    for (int r = 0; r < XR; ++r) {
+      const __m512 xv = load_f32x16(x_rows + r * c.x_stride + i);
+      for (int j = 0; j < kRowsPerTile; ++j) acc[r][j] = _mm512_fmadd_ps(xv, w[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < XR; ++r) {
+    alignas(16) float sums[kRowsPerTile];
+    _mm_store_ps(sums, reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+    const T* xr = x_rows + r * c.x_stride;
+    for (int j = 0; j < kRowsPerTile; ++j) {
+      const float tail = dot_range(xr, w_rows + j * c.k, k_vec, c.k);
+      store_out(out_rows + r * c.n, n0 + j, sums[j] + tail, bias);
+    }
+  }
+}
+
+// All rows of x against the four weight rows starting at n0.
+template <typename T>
+void block4(const T* x, const T* w_rows, T* out, const T* bias, int64_t n0, const GemmCall& c) {
+  int64_t r = 0;
+  for (; r + kMaxXRows <= c.m; r += kMaxXRows) {
+    tile4<T, kMaxXRows>(x + r * c.x_stride, w_rows, out + r * c.n, bias, n0, c);
+  }
+  const T* xr = x + r * c.x_stride;
+  T* outr = out + r * c.n;
+  switch (c.m - r) {
+    case 1: tile4<T, 1>(xr, w_rows, outr, bias, n0, c); break;
+    case 2: tile4<T, 2>(xr, w_rows, outr, bias, n0, c); break;
+    case 3: tile4<T, 3>(xr, w_rows, outr, bias, n0, c); break;
+    case 4: tile4<T, 4>(xr, w_rows, outr, bias, n0, c); break;
+    case 5: tile4<T, 5>(xr, w_rows, outr, bias, n0, c); break;
+    default: break;
+  }
+}
+#endif
+
+// One weight row against all rows of x (the N tail, and the path without AVX-512).
+template <typename T>
+void row1(const T* x, const T* w_row, T* out, const T* bias, int64_t col, const GemmCall& c) {
+  for (int64_t r = 0; r < c.m; ++r) {
+    store_out(out + r * c.n, col, dot(x + r * c.x_stride, w_row, c.k), bias);
+  }
+}
+
+template <typename T>
+void run_gemm(T* out, const T* x, const T* w, const T* bias, const GemmCall& c) {
+  const int64_t blocks = c.n / kRowsPerTile;
+  const int64_t grain = grain_for(kRowsPerTile * c.k * c.m);
+  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t n0 = b * kRowsPerTile;
+#if defined(SGL_HAVE_AVX512)
+      if constexpr (kHasVecLoad<T>) {
+        block4(x, w + n0 * c.k, out, bias, n0, c);
+        continue;
+      }
+#endif
+      for (int j = 0; j < kRowsPerTile; ++j) row1(x, w + (n0 + j) * c.k, out, bias, n0 + j, c);
+    }
+  });
+  for (int64_t col = blocks * kRowsPerTile; col < c.n; ++col) {
+    row1(x, w + col * c.k, out, bias, col, c);
+  }
+}
+
+}  // namespace
+
+// out [M, N] <- x [M, K] @ w [N, K]^T (+ bias [N]); one dtype for all.
+void linear_small_m(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                    const std::optional<at::Tensor>& bias) {
+  check_rows(x, "x");
+  TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 && w.is_contiguous(),
+              "w must be a contiguous 2-D CPU tensor [N, K]");
+  TORCH_CHECK(w.size(1) == x.size(1), "x has ", x.size(1), " columns, w has ", w.size(1));
+  TORCH_CHECK(w.scalar_type() == x.scalar_type() && out.scalar_type() == x.scalar_type(),
+              "x, w and out must share one dtype");
+  TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) &&
+                  out.size(1) == w.size(0),
+              "out must be a contiguous [M, N]");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == w.size(0) &&
+                    bias->scalar_type() == x.scalar_type(),
+                "bias must be a contiguous [N] of x's dtype");
+  }
+  const GemmCall call{x.size(0), w.size(0), x.size(1), x.stride(0)};
+  if (call.m == 0 || call.n == 0) return;
+  SGL_DISPATCH_FLOATS(x.scalar_type(), "linear_small_m", [&] {
+    run_gemm<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                       has_bias ? bias->data_ptr<scalar_t>() : nullptr, call);
+  });
+}
+
+}  // namespace sgl_cpu
