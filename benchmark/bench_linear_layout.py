@@ -1,7 +1,9 @@
-"""CPU matmul layout micro-benchmark: F.linear on [out, in] vs x @ W_t on a contiguous [in, out].
+"""CPU matmul micro-benchmark: F.linear on [out, in] vs x @ W_t on a contiguous [in, out]
+(--variants layout), or vs our small-M kernel over float32 and bf16 weights (--variants
+small-m).
 
     python benchmark/bench_linear_layout.py [--threads 1 2] [--ms 1 4 8 32 256] [--reps 100]
-        [--cold-mib 64]
+        [--cold-mib 64] [--variants layout|small-m] [--shapes demo|qwen3-0.6b]
 
 For each weight shape (the demo model's linears and lm_head, plus the shapes of
 issue 13) and each batch M, the variants run interleaved in one process
@@ -23,10 +25,14 @@ import time
 import torch
 import torch.nn.functional as F
 
+from sglang.srt.layers import cpu_kernels
+
 # (in, out): demo model qkv 256->512, o 256->256, gate_up 256->1408, down 704->256,
 # lm_head 256->8192, and the brief's 256->768, 256->1376, 688->256
 SHAPES = [(256, 512), (256, 768), (256, 256), (256, 1408), (256, 1376), (704, 256),
           (688, 256), (256, 8192)]
+# Qwen3-0.6B: qkv 1024->4096, o 2048->1024, gate_up 1024->6144, down 3072->1024
+QWEN3_SHAPES = [(1024, 4096), (2048, 1024), (1024, 6144), (3072, 1024)]
 
 
 def variants(w: torch.Tensor, bias: torch.Tensor):
@@ -40,6 +46,26 @@ def variants(w: torch.Tensor, bias: torch.Tensor):
         "addmm(b,W_t)": lambda x: torch.addmm(bias, x, w_t),
         # the [out, in] parameter a layer keeps when its storage is [in, out]
         "F.linear(W_t.t())": lambda x: F.linear(x, w_t.t()),
+    }
+
+
+def small_m_variants(w: torch.Tensor, bias: torch.Tensor):
+    """name -> fn(x): F.linear, our kernel (sgl-kernel gemm.cpp) over the float32 weight
+    and over its bf16 copy (a bf16 checkpoint's weights kept in bf16 under float32
+    compute), and F.linear over that bf16 copy widened per call (the large-M path)."""
+    kernel = cpu_kernels.load()
+    w_bf16 = w.bfloat16()
+
+    def ours(x, weight):
+        out = torch.empty(x.shape[0], weight.shape[0])
+        kernel.linear_small_m(out, x, weight)
+        return out
+
+    return {
+        "F.linear": lambda x: F.linear(x, w),
+        "ours": lambda x: ours(x, w),
+        "ours(bf16 w)": lambda x: ours(x, w_bf16),
+        "F.linear(bf16 w widened)": lambda x: F.linear(x, w_bf16.float()),
     }
 
 
@@ -68,7 +94,11 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--cold-mib", type=float, default=0,
                    help="cycle through copies of each weight filling this many MiB (0: one copy)")
+    p.add_argument("--variants", choices=["layout", "small-m"], default="layout")
+    p.add_argument("--shapes", choices=["demo", "qwen3-0.6b"], default="demo")
     args = p.parse_args()
+    make = variants if args.variants == "layout" else small_m_variants
+    shapes = SHAPES if args.shapes == "demo" else QWEN3_SHAPES
     torch.manual_seed(0)
     with torch.inference_mode():
         for threads in args.threads:
@@ -76,9 +106,9 @@ def main() -> None:
             cache = f"cold, {args.cold_mib:g} MiB of copies" if args.cold_mib else "hot"
             print(f"\n## threads {threads}, {cache} (median us; speed-up vs F.linear in brackets)")
             names = None
-            for k, n in SHAPES:
+            for k, n in shapes:
                 n_copies = max(1, int(args.cold_mib * 2**20 // (k * n * 4)))
-                copies = [variants(torch.randn(n, k) * 0.02, torch.randn(n) * 0.02)
+                copies = [make(torch.randn(n, k) * 0.02, torch.randn(n) * 0.02)
                           for _ in range(n_copies)]
                 if names is None:
                     names = list(copies[0])

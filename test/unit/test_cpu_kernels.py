@@ -459,6 +459,20 @@ def test_linear_small_m_matches_torch(kernels, dtype, rows, k, n):
         torch.testing.assert_close(out.float(), expected, **_tol(dtype))
 
 
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,k,n", [(1, 256, 512), (7, 100, 33), (13, 1030, 70)])
+def test_linear_small_m_half_weights_under_float32(kernels, w_dtype, rows, k, n):
+    """Weights kept in a half checkpoint's dtype: widened exactly, so float32's result."""
+    x, w = torch.randn(rows, k), (torch.randn(n, k) / k**0.5).to(w_dtype)
+    bias = torch.randn(n)
+    out = torch.empty(rows, n)
+    kernels.linear_small_m(out, x, w, bias)
+    torch.testing.assert_close(out, F.linear(x, w.float(), bias), atol=FP32_TOL, rtol=FP32_TOL)
+    torch.testing.assert_close(linear(x, w, bias), out, atol=FP32_TOL, rtol=FP32_TOL)
+    wide = torch.randn(100, k)  # past the kernel's rows: F.linear over the widened weight
+    torch.testing.assert_close(linear(wide, w), F.linear(wide, w.float()))
+
+
 def test_linear_small_m_strided_rows_and_threads(kernels):
     base = torch.randn(9, 2 * 128)
     x = base[:, 64 : 64 + 128]  # rows of a wider buffer (row stride 256)
@@ -478,8 +492,8 @@ def test_linear_small_m_refuses_mismatched_arguments(kernels):
     x, w = torch.randn(2, 32), torch.randn(8, 32)
     with pytest.raises(RuntimeError, match="columns"):
         kernels.linear_small_m(torch.empty(2, 8), x, torch.randn(8, 16))
-    with pytest.raises(RuntimeError, match="one dtype"):
-        kernels.linear_small_m(torch.empty(2, 8), x, w.bfloat16())
+    with pytest.raises(RuntimeError, match="one dtype"):  # a half x over a float32 w
+        kernels.linear_small_m(torch.empty(2, 8, dtype=torch.bfloat16), x.bfloat16(), w)
     with pytest.raises(RuntimeError, match="out must be"):
         kernels.linear_small_m(torch.empty(2, 9), x, w)
     with pytest.raises(RuntimeError, match="contiguous 2-D"):

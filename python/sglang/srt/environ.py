@@ -183,6 +183,14 @@ class Envs:
         "Use our native CPU kernels (sgl-kernel/csrc/cpu, built on first use and cached) "
         "on CPU; 0 keeps the torch ops (the kernels' reference).",
     )
+    SGLANG_CPU_HALF_WEIGHTS = EnvVar(
+        "SGLANG_CPU_HALF_WEIGHTS",
+        "bool",
+        True,
+        "On CPU, a bf16/fp16 checkpoint run in float32 keeps its linear and embedding "
+        "weights in the checkpoint's dtype (widened exactly as they are read: half the "
+        "memory and bandwidth, the same results); 0 stores them in float32.",
+    )
 
     TRITON_INTERPRET = EnvVar(
         "TRITON_INTERPRET",

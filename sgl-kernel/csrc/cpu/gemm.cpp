@@ -3,7 +3,8 @@
 // the [out, in] layout: [8, 1024] x [3072, 1024]^T takes ~3x the time of one row.
 //
 // Shapes: x [M, K] (rows contiguous, any row stride), W [N, K] contiguous, b [N] or none,
-// out [M, N] contiguous. One work item is a block of kRowsPerTile weight rows; inside it
+// out [M, N] contiguous. x, b and out share a dtype; W has it too, or is bf16/fp16 under
+// float32 x (weights kept in a half checkpoint's dtype, widened as they are loaded). One work item is a block of kRowsPerTile weight rows; inside it
 // the rows of x go kMaxXRows at a time, so the block (kRowsPerTile x K) stays in L1 while
 // the x rows pass over it. Sums are float32 over 16-lane partial sums (a different order
 // than MKL's: results agree to float rounding, not bit for bit).
@@ -21,8 +22,8 @@ struct GemmCall {
 };
 
 // Scalar dot of the K tail (K % 16 elements) and the portable path.
-template <typename T>
-inline float dot_range(const T* a, const T* b, int64_t begin, int64_t end) {
+template <typename T, typename W>
+inline float dot_range(const T* a, const W* b, int64_t begin, int64_t end) {
   float acc = 0.f;
   for (int64_t i = begin; i < end; ++i) acc += static_cast<float>(a[i]) * static_cast<float>(b[i]);
   return acc;
@@ -49,8 +50,8 @@ inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
 }
 
 // out[r, n0..n0+4) for the XR rows of x starting at x_rows (XR <= kMaxXRows).
-template <typename T, int XR>
-void tile4(const T* x_rows, const T* w_rows, T* out_rows, const T* bias, int64_t n0,
+template <typename T, typename W, int XR>
+void tile4(const T* x_rows, const W* w_rows, T* out_rows, const T* bias, int64_t n0,
            const GemmCall& c) {
   __m512 acc[XR][kRowsPerTile];
   for (int r = 0; r < XR; ++r)
@@ -76,42 +77,42 @@ void tile4(const T* x_rows, const T* w_rows, T* out_rows, const T* bias, int64_t
 }
 
 // All rows of x against the four weight rows starting at n0.
-template <typename T>
-void block4(const T* x, const T* w_rows, T* out, const T* bias, int64_t n0, const GemmCall& c) {
+template <typename T, typename W>
+void block4(const T* x, const W* w_rows, T* out, const T* bias, int64_t n0, const GemmCall& c) {
   int64_t r = 0;
   for (; r + kMaxXRows <= c.m; r += kMaxXRows) {
-    tile4<T, kMaxXRows>(x + r * c.x_stride, w_rows, out + r * c.n, bias, n0, c);
+    tile4<T, W, kMaxXRows>(x + r * c.x_stride, w_rows, out + r * c.n, bias, n0, c);
   }
   const T* xr = x + r * c.x_stride;
   T* outr = out + r * c.n;
   switch (c.m - r) {
-    case 1: tile4<T, 1>(xr, w_rows, outr, bias, n0, c); break;
-    case 2: tile4<T, 2>(xr, w_rows, outr, bias, n0, c); break;
-    case 3: tile4<T, 3>(xr, w_rows, outr, bias, n0, c); break;
-    case 4: tile4<T, 4>(xr, w_rows, outr, bias, n0, c); break;
-    case 5: tile4<T, 5>(xr, w_rows, outr, bias, n0, c); break;
+    case 1: tile4<T, W, 1>(xr, w_rows, outr, bias, n0, c); break;
+    case 2: tile4<T, W, 2>(xr, w_rows, outr, bias, n0, c); break;
+    case 3: tile4<T, W, 3>(xr, w_rows, outr, bias, n0, c); break;
+    case 4: tile4<T, W, 4>(xr, w_rows, outr, bias, n0, c); break;
+    case 5: tile4<T, W, 5>(xr, w_rows, outr, bias, n0, c); break;
     default: break;
   }
 }
 #endif
 
 // One weight row against all rows of x (the N tail, and the path without AVX-512).
-template <typename T>
-void row1(const T* x, const T* w_row, T* out, const T* bias, int64_t col, const GemmCall& c) {
+template <typename T, typename W>
+void row1(const T* x, const W* w_row, T* out, const T* bias, int64_t col, const GemmCall& c) {
   for (int64_t r = 0; r < c.m; ++r) {
     store_out(out + r * c.n, col, dot(x + r * c.x_stride, w_row, c.k), bias);
   }
 }
 
-template <typename T>
-void run_gemm(T* out, const T* x, const T* w, const T* bias, const GemmCall& c) {
+template <typename T, typename W>
+void run_gemm(T* out, const T* x, const W* w, const T* bias, const GemmCall& c) {
   const int64_t blocks = c.n / kRowsPerTile;
   const int64_t grain = grain_for(kRowsPerTile * c.k * c.m);
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n0 = b * kRowsPerTile;
 #if defined(SGL_HAVE_AVX512)
-      if constexpr (kHasVecLoad<T>) {
+      if constexpr (kHasVecLoad<T> && kHasVecLoad<W>) {
         block4(x, w + n0 * c.k, out, bias, n0, c);
         continue;
       }
@@ -126,15 +127,19 @@ void run_gemm(T* out, const T* x, const T* w, const T* bias, const GemmCall& c) 
 
 }  // namespace
 
-// out [M, N] <- x [M, K] @ w [N, K]^T (+ bias [N]); one dtype for all.
+// out [M, N] <- x [M, K] @ w [N, K]^T (+ bias [N]); one dtype for all, or float32 x, out
+// and bias over bf16/fp16 w.
 void linear_small_m(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                     const std::optional<at::Tensor>& bias) {
   check_rows(x, "x");
   TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 && w.is_contiguous(),
               "w must be a contiguous 2-D CPU tensor [N, K]");
   TORCH_CHECK(w.size(1) == x.size(1), "x has ", x.size(1), " columns, w has ", w.size(1));
-  TORCH_CHECK(w.scalar_type() == x.scalar_type() && out.scalar_type() == x.scalar_type(),
-              "x, w and out must share one dtype");
+  const bool half_w_under_float = x.scalar_type() == at::kFloat &&
+                                  (w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kHalf);
+  TORCH_CHECK((w.scalar_type() == x.scalar_type() || half_w_under_float) &&
+                  out.scalar_type() == x.scalar_type(),
+              "x, w and out must share one dtype (or float32 x and out over a bf16/fp16 w)");
   TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) &&
                   out.size(1) == w.size(0),
               "out must be a contiguous [M, N]");
@@ -146,9 +151,18 @@ void linear_small_m(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   }
   const GemmCall call{x.size(0), w.size(0), x.size(1), x.stride(0)};
   if (call.m == 0 || call.n == 0) return;
+  if (half_w_under_float) {
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(w.scalar_type(), "linear_small_m", [&] {
+      run_gemm<float, scalar_t>(out.data_ptr<float>(), x.data_ptr<float>(),
+                                w.data_ptr<scalar_t>(),
+                                has_bias ? bias->data_ptr<float>() : nullptr, call);
+    });
+    return;
+  }
   SGL_DISPATCH_FLOATS(x.scalar_type(), "linear_small_m", [&] {
-    run_gemm<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
-                       has_bias ? bias->data_ptr<scalar_t>() : nullptr, call);
+    run_gemm<scalar_t, scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                                 w.data_ptr<scalar_t>(),
+                                 has_bias ? bias->data_ptr<scalar_t>() : nullptr, call);
   });
 }
 

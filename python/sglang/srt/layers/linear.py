@@ -15,12 +15,14 @@ from sglang.srt.layers import cpu_kernels
 
 # Row counts that take the small-M kernel on CPU (see `linear`): at most this many rows,
 # or up to LONG_K_MAX_ROWS when the input is at least LONG_K wide. Measured against
-# F.linear at 2 threads (benchmark/RESULTS.md): 1.5-2.1x faster at 4-16 rows on
-# [1024-3072]-wide weights, 1.1-1.4x at 32-64 rows there, but slower past 16 rows on
-# 256-wide ones.
+# F.linear at 2 threads with the weights coming from memory, as in a forward
+# (benchmark/RESULTS.md): [1024-3072]-wide float32 weights 1.5-2.1x faster at 4-32 rows,
+# 1.0-1.9x at 128; 256-wide ones only up to 16 rows (slower past 32). Over bf16 weights
+# the kernel reads half the bytes and F.linear must widen them first.
 SMALL_M_MAX_ROWS = 16
 LONG_K = 1024
-LONG_K_MAX_ROWS = 64
+LONG_K_MAX_ROWS = 128
+HALF_WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def tensor_parallel_all_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
@@ -34,11 +36,16 @@ def tensor_parallel_all_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear; on CPU a decode-size batch takes our kernel, which reads each weight row
-    once for all rows (MKL re-reads the [out, in] weight per row at small M)."""
+    once for all rows (MKL re-reads the [out, in] weight per row at small M). A weight
+    kept in a half checkpoint's dtype under float32 compute (see
+    `model_loader.loader.half_weight_dtype`) is widened: by the kernel as it loads it, or
+    here for the other calls."""
     if _takes_small_m(x, weight, bias):
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
         cpu_kernels.load().linear_small_m(out, x, weight, bias)
         return out
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
     return F.linear(x, weight, bias)
 
 
@@ -48,8 +55,9 @@ def _takes_small_m(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     rows = x.shape[0]
     if rows > SMALL_M_MAX_ROWS and (rows > LONG_K_MAX_ROWS or x.shape[1] < LONG_K):
         return False
-    same_dtype = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype)
-    return same_dtype and cpu_kernels.usable(x)
+    half_under_float = x.dtype == torch.float32 and weight.dtype in HALF_WEIGHT_DTYPES
+    dtypes_ok = weight.dtype == x.dtype or half_under_float
+    return dtypes_ok and (bias is None or bias.dtype == x.dtype) and cpu_kernels.usable(x)
 
 
 def _param(*shape: int) -> nn.Parameter:

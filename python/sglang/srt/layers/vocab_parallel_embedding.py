@@ -20,6 +20,9 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start = tp_rank * per_rank
         self.vocab_end = min(num_embeddings, self.vocab_start + per_rank)
         self.weight = nn.Parameter(torch.empty(per_rank, embedding_dim), requires_grad=False)
+        # the model's compute dtype (built under it as the default dtype); the weight may be
+        # kept in a half checkpoint dtype (model_loader.loader.half_weight_dtype)
+        self.compute_dtype = torch.get_default_dtype()
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
@@ -34,10 +37,11 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: int64[T] -> [T, H]."""
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return F.embedding(input_ids, self.weight).to(self.compute_dtype)
         in_shard = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         local_ids = torch.where(in_shard, input_ids - self.vocab_start, 0)
-        out = F.embedding(local_ids, self.weight) * in_shard.unsqueeze(-1).to(self.weight.dtype)
+        rows = F.embedding(local_ids, self.weight).to(self.compute_dtype)
+        out = rows * in_shard.unsqueeze(-1).to(self.compute_dtype)
         return tensor_parallel_all_reduce(out, self.tp_size)
 
 

@@ -11,7 +11,10 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.environ import envs
 from sglang.srt.layers import cpu_kernels
+from sglang.srt.layers.linear import HALF_WEIGHT_DTYPES, LinearBase
+from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from sglang.srt.model_loader.weight_utils import (
     iterate_weights,
     pt_files,
@@ -60,6 +63,14 @@ def get_model(
             f"unsupported load format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}"
         )
     model = build_model(model_config, device, tp_rank, tp_size)
+    weight_dtype = half_weight_dtype(model_config, device)
+    if weight_dtype is not None:
+        keep_weights_in(model, weight_dtype)
+        logger.info(
+            "linear and embedding weights kept in %s, the checkpoint's dtype (compute %s)",
+            weight_dtype,
+            model_config.dtype,
+        )
     with torch.no_grad():
         if load_format == "dummy":
             init_dummy_weights(model)
@@ -69,6 +80,30 @@ def get_model(
     if torch.device(device).type == "cpu":
         cpu_kernels.load()  # built (or loaded from the cache) at start-up, not mid-request
     return model
+
+
+def half_weight_dtype(model_config: ModelConfig, device: torch.device | str) -> torch.dtype | None:
+    """The half dtype to keep the linear and embedding weights in, or None (the compute
+    dtype): on CPU, a bf16/fp16 checkpoint run in float32 keeps its own dtype
+    (SGLANG_CPU_HALF_WEIGHTS, default on). Widening bf16/fp16 to float32 is exact, so the
+    results are float32's, with half the weight memory and half the bytes a decode step
+    reads (a memory-bound step: Qwen3-0.6B shape, batch 1, see benchmark/RESULTS.md)."""
+    if torch.device(device).type != "cpu" or model_config.dtype != torch.float32:
+        return None
+    raw = model_config.raw
+    name = raw.get("dtype") or raw.get("torch_dtype")
+    checkpoint_dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if checkpoint_dtype not in HALF_WEIGHT_DTYPES or not envs.SGLANG_CPU_HALF_WEIGHTS.get():
+        return None
+    return checkpoint_dtype
+
+
+def keep_weights_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """Re-allocate (before loading) the weights of the linear and embedding layers in
+    `dtype`; the layers widen them to the compute dtype as they read them."""
+    for module in model.modules():
+        if isinstance(module, (LinearBase, VocabParallelEmbedding)):
+            module.weight.data = torch.empty(module.weight.shape, dtype=dtype)
 
 
 def weight_iterator(model_dir: Path, load_format: str = "auto"):
