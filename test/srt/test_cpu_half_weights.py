@@ -15,6 +15,7 @@ import json
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from sglang.demo_models import demo_target_path
 from sglang.srt.configs.model_config import ModelConfig
@@ -123,3 +124,18 @@ def test_which_runs_keep_half_weights(
     )  # fmt: skip
     monkeypatch.setenv("SGLANG_CPU_HALF_WEIGHTS", env)
     assert half_weight_dtype(ModelConfig(str(tmp_path), dtype=compute), device) == expected
+
+
+def test_weights_updated_from_a_float32_checkpoint_are_not_rounded(demo_dir, tmp_path, monkeypatch):
+    """update_weights_from_disk builds the new model by the new checkpoint's dtype: float32
+    weights stay float32 (storing them bf16 would round them)."""
+    worker = _worker(demo_dir, True, monkeypatch)
+    hf = AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32)  # not the cached one
+    with torch.no_grad():
+        hf.model.layers[0].mlp.down_proj.weight.add_(1e-4)  # not representable in bf16
+    hf.save_pretrained(tmp_path)  # config.json says float32
+    worker.model_runner.update_weights_from_disk(str(tmp_path))
+    params = dict(worker.model_runner.model.named_parameters())
+    down = params["model.layers.0.mlp.down_proj.weight"]
+    assert down.dtype == torch.float32
+    assert torch.equal(down, hf.model.layers[0].mlp.down_proj.weight)

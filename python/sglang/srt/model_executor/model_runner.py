@@ -118,7 +118,7 @@ class ModelRunner:
         )
         self.page_size = self.settings.page_size
         self._init_torch()
-        self.model = self._load_model(model_config.model_path, self.load_format)
+        self.model = self._load_model(model_config, self.load_format)
         self._init_memory_pool()
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.sampler = Sampler()
@@ -150,21 +150,15 @@ class ModelRunner:
         if self.settings.random_seed is not None:
             torch.manual_seed(self.settings.random_seed)
 
-    def _load_model(self, model_path: str, load_format: str) -> torch.nn.Module:
+    def _load_model(self, config: ModelConfig, load_format: str) -> torch.nn.Module:
+        """The model of `config` (its checkpoint decides, e.g., the weights' storage dtype)."""
         if self.settings.ep_size > 1 and not self.model_config.num_experts:
             raise ValueError(
                 f"ep_size={self.settings.ep_size} needs a mixture-of-experts model; "
                 f"{self.model_config.architecture} has no experts (leave ep_size at 1)"
             )
-        model = get_model(
-            self.model_config,
-            self.device,
-            load_format,
-            self.tp_rank,
-            self.tp_size,
-            model_path=model_path,
-        )
-        logger.info("loaded %s (%s) on %s", model_path, self.model_config.architecture, self.device)
+        model = get_model(config, self.device, load_format, self.tp_rank, self.tp_size)
+        logger.info("loaded %s (%s) on %s", config.model_path, config.architecture, self.device)
         return model
 
     # -- memory -------------------------------------------------------------------------
@@ -311,7 +305,7 @@ class ModelRunner:
             model_path, context_length=self.context_len, dtype=self.model_config.dtype
         )
         _check_same_shape(self.model_config, new_config)
-        self.model = self._load_model(new_config.model_path, load_format or "auto")
+        self.model = self._load_model(new_config, load_format or "auto")
         self.model_config = new_config
         if self.graph_runner is not None:  # its graphs read the old weights: capture again
             self.graph_runner = None
