@@ -14,7 +14,8 @@ The load generator is `sglang.bench_serving` (openai backend), used as a library
 is summed over the server's process tree (psutil) when the load has finished.
 
 Prints a markdown table of medians over the runs (ITL: each run's median and mean gap
-between streamed chunks; the mean shows stalls that the median hides). `--check-greedy`
+between streamed chunks, the mean shows stalls that the median hides; p99 TTFT: each
+run's 99th percentile time to first token). `--check-greedy`
 first compares both servers' greedy tokens on a few prompts. On a machine shared with
 other work, 2-thread servers can stall; `--ours-args="--num-threads 1" --llama-threads 1`
 runs both at one thread. A request llama-server drops unanswered on a kept-alive
@@ -357,6 +358,7 @@ class RunResult:
     output_tok_s: float
     itl_median_ms: float
     itl_mean_ms: float
+    ttft_p99_ms: float
     rss_mib: float
     summary: dict[str, Any]
 
@@ -397,10 +399,12 @@ def run_level(concurrency: int, ctx: BenchContext) -> list[RunResult]:
         for name in order:
             summary = run_with_retry(name, concurrency, prompts, ctx)
             result = RunResult(name, concurrency, run, summary["output_throughput"],
-                               summary["itl_ms"]["median"], summary["itl_ms"]["mean"], summary["rss_mib"], summary)  # fmt: skip
+                               summary["itl_ms"]["median"], summary["itl_ms"]["mean"],
+                               summary["ttft_ms"]["p99"], summary["rss_mib"], summary)  # fmt: skip
             logger.info("concurrency %d run %d %s: %.1f out tok/s, ITL median %.2f mean %.2f ms, "
-                        "RSS %.0f MiB", concurrency, run, name, result.output_tok_s,
-                        result.itl_median_ms, result.itl_mean_ms, result.rss_mib)  # fmt: skip
+                        "p99 TTFT %.0f ms, RSS %.0f MiB", concurrency, run, name,
+                        result.output_tok_s, result.itl_median_ms, result.itl_mean_ms,
+                        result.ttft_p99_ms, result.rss_mib)  # fmt: skip
             results.append(result)
     return results
 
@@ -421,16 +425,18 @@ def itl_cell(results: list[RunResult], server: str, concurrency: int) -> str:
 def markdown_table(results: list[RunResult], levels: list[int]) -> str:
     lines = [
         "| concurrency | ours out tok/s | llama-server | ours / llama | ours ITL ms "
-        "(median / mean) | llama ITL ms | RSS ours / llama |",
-        "|---|---|---|---|---|---|---|",
+        "(median / mean) | llama ITL ms | p99 TTFT ours / llama | RSS ours / llama |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         ours_tok_s, llama_tok_s = (median_of(results, s, level, "output_tok_s") for s in SERVERS)
         ours_itl, llama_itl = (itl_cell(results, s, level) for s in SERVERS)
         ours_rss, llama_rss = (median_of(results, s, level, "rss_mib") for s in SERVERS)
+        ours_ttft, llama_ttft = (median_of(results, s, level, "ttft_p99_ms") for s in SERVERS)
         lines.append(
             f"| {level} | {ours_tok_s:,.0f} | {llama_tok_s:,.0f} | {ours_tok_s / llama_tok_s:.2f} "
-            f"| {ours_itl} | {llama_itl} | {ours_rss:,.0f} / {llama_rss:,.0f} MiB |"
+            f"| {ours_itl} | {llama_itl} | {ours_ttft:,.0f} / {llama_ttft:,.0f} ms "
+            f"| {ours_rss:,.0f} / {llama_rss:,.0f} MiB |"
         )
     return "\n".join(lines)
 
