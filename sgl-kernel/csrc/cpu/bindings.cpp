@@ -1,21 +1,8 @@
 // Python bindings of the CPU kernels (loaded by sglang.srt.layers.cpu_kernels).
 #include <torch/extension.h>
 
-namespace sgl_cpu {
-void rmsnorm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, double eps);
-void fused_add_rmsnorm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& w, double eps);
-void silu_and_mul_out(at::Tensor& out, const at::Tensor& x);
-void rotary_neox_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_cache,
-                  const at::Tensor& sin_cache, int64_t head_dim);
-void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
-                     const at::Tensor& v, at::Tensor& kv_pool, const at::Tensor& loc,
-                     const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                     const at::Tensor& seq_lens, const at::Tensor& extend_lens, double scale,
-                     double logit_cap, int64_t window, bool save_kv);
-void argmax_rows(at::Tensor& out, const at::Tensor& x);
-void linear_small_m(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
-                    const std::optional<at::Tensor>& bias);
-}  // namespace sgl_cpu
+#include "kernels.h"
+#include "decoder_layer.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm_out", &sgl_cpu::rmsnorm_out, "out <- rmsnorm(x) * w");
@@ -29,4 +16,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "out <- x @ w^T (+ bias), reading w once for all rows (decode-size M)",
         py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
   m.def("argmax_rows", &sgl_cpu::argmax_rows, "out <- argmax of each row (first max; NaN first)");
+
+  py::class_<sgl_cpu::DecoderLayerWeights>(m, "DecoderLayerWeights")
+      .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                    std::optional<at::Tensor>, std::optional<at::Tensor>,
+                    std::optional<at::Tensor>, std::optional<at::Tensor>>(),
+           py::arg("input_norm"), py::arg("post_attention_norm"), py::arg("qkv"), py::arg("o"),
+           py::arg("gate_up"), py::arg("down"), py::arg("qkv_bias") = py::none(),
+           py::arg("o_bias") = py::none(), py::arg("q_norm") = py::none(),
+           py::arg("k_norm") = py::none());
+  py::class_<sgl_cpu::DecoderLayerShape>(m, "DecoderLayerShape")
+      .def(py::init<int64_t, int64_t, int64_t, double, double, double, int64_t, int64_t, int64_t,
+                    int64_t>(),
+           py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("rms_eps"),
+           py::arg("scale"), py::arg("logit_cap"), py::arg("window"), py::arg("small_m_rows"),
+           py::arg("long_k"), py::arg("long_k_rows"));
+  py::class_<sgl_cpu::DecodeStep>(m, "DecodeStep")
+      .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                    at::Tensor, at::Tensor>(),
+           py::arg("positions"), py::arg("cos_cache"), py::arg("sin_cache"),
+           py::arg("out_cache_loc"), py::arg("req_to_token"), py::arg("req_pool_indices"),
+           py::arg("seq_lens"), py::arg("extend_lens"));
+  py::class_<sgl_cpu::DecoderLayer>(m, "DecoderLayer")
+      .def(py::init<sgl_cpu::DecoderLayerWeights, sgl_cpu::DecoderLayerShape>())
+      .def("forward", &sgl_cpu::DecoderLayer::forward,
+           "(hidden, residual) of the next layer, as LlamaDecoderLayer.forward");
 }

@@ -41,9 +41,10 @@ SOURCE_FILES = (
     "paged_attention.cpp",
     "argmax.cpp",
     "gemm.cpp",
+    "decoder_layer.cpp",
     "bindings.cpp",
 )
-HEADER_FILES = ("common.h", "vec.h")
+HEADER_FILES = ("common.h", "vec.h", "kernels.h", "decoder_layer.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  # part of the cache key
 
 _lock = threading.Lock()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from sglang.srt.layers import fused_decode
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
@@ -159,8 +160,14 @@ class LlamaModel(nn.Module):
         """input_ids, positions: int64[T] -> hidden states [T, H]."""
         hidden_states, residual = self.embed_tokens(input_ids), None
         self.rotary_emb.prepare(positions)
+        step = fused_decode.decode_step(self.layers, self.rotary_emb, positions, forward_batch)
         for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
+            if step is not None:  # decode on CPU: one C++ call per layer
+                hidden_states, residual = fused_decode.run_layer(
+                    layer, hidden_states, residual, step, forward_batch
+                )
+            else:
+                hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 

@@ -116,10 +116,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         return self.metadata[window]
 
     def _build_metadata(self, fb: ForwardBatch, window: int | None) -> _Metadata:
-        if self._kernel_usable(fb):
-            if fb.forward_mode.is_decode():
-                return _KernelPaged(_NO_EXTEND_LENS)
-            return _KernelPaged(torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64))
+        extend_lens = self.kernel_extend_lens(fb)
+        if extend_lens is not None:
+            return _KernelPaged(extend_lens)
         if fb.forward_mode.is_decode():
             return self._decode_metadata(fb, window)
         return self._extend_metadata(fb, window)
@@ -145,6 +144,16 @@ class TorchNativeAttnBackend(AttentionBackend):
             idx = table[pool_idx.unsqueeze(1), pos].to(torch.int64)
         valid = cols.unsqueeze(0) < kv_lens.unsqueeze(1)
         return idx.masked_fill(~valid, 0), valid
+
+    def kernel_extend_lens(self, fb: ForwardBatch) -> torch.Tensor | None:
+        """The new tokens per request (int64[bs]; empty for decode) when the CPU kernel
+        serves this forward's attention (for q in the pool's dtype, see kernel_takes),
+        else None."""
+        if not self._kernel_usable(fb):
+            return None
+        if fb.forward_mode.is_decode():
+            return _NO_EXTEND_LENS
+        return torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64)
 
     @staticmethod
     def _kernel_usable(fb: ForwardBatch) -> bool:
