@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.layers import cpu_kernels
+from sglang.srt.layers import cpu_kernels, fused_decode
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_context
 from sglang.test.hf_reference import hf_logits, hf_prompt_logprobs, load_hf_model
@@ -94,6 +94,8 @@ def test_float32_model_over_a_bf16_kv_pool(tiny_model_dir, monkeypatch):
     calls = []
     real = kernels.paged_attention
     monkeypatch.setattr(kernels, "paged_attention", lambda *a: calls.append(1) or real(*a))
+    real_layer = fused_decode.run_layer  # the fused layers call the kernel from C++
+    monkeypatch.setattr(fused_decode, "run_layer", lambda *a: calls.append(1) or real_layer(*a))
     prompts = [[5 + i, 17, 33 + 2 * i, 9, 41, 12 + i] * 4 for i in range(3)]
     sched = MiniScheduler(worker)
     with_kernel = sched.generate([MiniReq(list(p)) for p in prompts], GREEDY_TOKENS)
