@@ -5,17 +5,17 @@
 namespace sgl_cpu {
 namespace {
 
-#if defined(SGL_HAVE_AVX512)
-// The row's first multiple of 16 elements with AVX-512; returns how many it did.
+#if defined(SGL_HAVE_VEC)
+// The row's first multiple of kVecWidth elements in vectors; returns how many it did.
 template <typename T>
 int64_t silu_and_mul_vec(const T* gate, const T* up, T* out, int64_t d) {
   int64_t i = 0;
   for (; i + kVecWidth <= d; i += kVecWidth) {
-    const __m512 g = load_f32x16(gate + i);
-    const __m512 e = exp_f32x16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const vfloat g = vload(gate + i);
+    const vfloat e = vexp(vsub(vzero(), g));
     alignas(64) T act[kVecWidth];  // silu rounded to the dtype before the multiply
-    store_f32x16(act, _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
-    store_f32x16(out + i, _mm512_mul_ps(load_f32x16(act), load_f32x16(up + i)));
+    vstore(act, vdiv(g, vadd(vset1(1.f), e)));
+    vstore(out + i, vmul(vload(act), vload(up + i)));
   }
   return i;
 }
@@ -42,7 +42,7 @@ void silu_and_mul_out(at::Tensor& out, const at::Tensor& x) {
         const scalar_t* up = gate + d;
         scalar_t* o = op + r * o_stride;
         int64_t i = 0;
-#if defined(SGL_HAVE_AVX512)
+#if defined(SGL_HAVE_VEC)
         if constexpr (kHasVecLoad<scalar_t>) i = silu_and_mul_vec(gate, up, o, d);
 #endif
         for (; i < d; ++i) {

@@ -8,24 +8,24 @@
 namespace sgl_cpu {
 namespace {
 
-// The row's max and whether it has a NaN: AVX-512 over the row's multiple of 16, then
+// The row's max and whether it has a NaN: vectors over the row's multiple of kVecWidth, then
 // plain lanes the compiler vectorizes where it can, then the tail.
 template <typename T>
 void row_max(const T* x, int64_t n, float& best, bool& has_nan) {
   int64_t i = 0;
   best = -INFINITY;
   has_nan = false;
-#if defined(SGL_HAVE_AVX512)
+#if defined(SGL_HAVE_VEC)
   if constexpr (kHasVecLoad<T>) {
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
-    __mmask16 nan_lanes = 0;
+    vfloat best_lanes = vset1(-INFINITY);
+    NanLanes nan_lanes;
     for (; i + kVecWidth <= n; i += kVecWidth) {
-      const __m512 v = load_f32x16(x + i);
-      nan_lanes |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-      vmax = _mm512_max_ps(v, vmax);
+      const vfloat v = vload(x + i);
+      nan_lanes.add(v);
+      best_lanes = vmax(v, best_lanes);
     }
-    best = _mm512_reduce_max_ps(vmax);
-    has_nan = nan_lanes != 0;
+    best = vreduce_max(best_lanes);
+    has_nan = nan_lanes.any();
   }
 #endif
   float lane_max[kLanes];

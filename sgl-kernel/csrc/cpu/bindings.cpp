@@ -1,8 +1,15 @@
 // Python bindings of the CPU kernels (loaded by sglang.srt.layers.cpu_kernels).
 #include <torch/extension.h>
 
-#include "kernels.h"
 #include "decoder_layer.h"
+#include "kernels.h"
+#include "vec.h"
+
+#if defined(SGL_HAVE_VEC)
+constexpr const char* kVectorIsa = SGL_VEC_ISA;
+#else
+constexpr const char* kVectorIsa = "scalar";
+#endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm_out", &sgl_cpu::rmsnorm_out, "out <- rmsnorm(x) * w");
@@ -16,6 +23,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "out <- x @ w^T (+ bias), reading w once for all rows (decode-size M)",
         py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
   m.def("argmax_rows", &sgl_cpu::argmax_rows, "out <- argmax of each row (first max; NaN first)");
+  m.attr("vector_isa") = kVectorIsa;  // the vector path the kernels were built with
 
   py::class_<sgl_cpu::DecoderLayerWeights>(m, "DecoderLayerWeights")
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,

@@ -6,7 +6,7 @@
 // out [M, N] contiguous. x, b and out share a dtype; W has it too, or is bf16/fp16 under
 // float32 x (weights kept in a half checkpoint's dtype, widened as they are loaded). One work item is a block of kRowsPerTile weight rows; inside it
 // the rows of x go kMaxXRows at a time, so the block (kRowsPerTile x K) stays in L1 while
-// the x rows pass over it. Sums are float32 over 16-lane partial sums (a different order
+// the x rows pass over it. Sums are float32 over vector-lane partial sums (a different order
 // than MKL's: results agree to float rounding, not bit for bit).
 #include "common.h"
 #include "vec.h"
@@ -15,13 +15,19 @@ namespace sgl_cpu {
 namespace {
 
 constexpr int kRowsPerTile = 4;  // weight rows per tile: 4 outputs reduced together
-constexpr int kMaxXRows = 6;     // x rows per tile: 6 x 4 accumulators + 4 W + 1 x = 29 zmm
+#if defined(SGL_HAVE_VEC)
+// x rows per tile, sized to the vector registers: AVX-512 6 x 4 accumulators + 4 W + 1 x
+// = 29 zmm; AVX2 (16 ymm) loads the x rows first and one W row at a time: 3 x + 1 W +
+// 3 x 4 accumulators = 16 ymm.
+constexpr bool kXFirst = kVecRegisters < 32;
+constexpr int kMaxXRows = kXFirst ? 3 : 6;
+#endif
 
 struct GemmCall {
   int64_t m, n, k, x_stride;
 };
 
-// Scalar dot of the K tail (K % 16 elements) and the portable path.
+// Scalar dot of the K tail (K % kVecWidth elements) and the portable path.
 template <typename T, typename W>
 inline float dot_range(const T* a, const W* b, int64_t begin, int64_t end) {
   float acc = 0.f;
@@ -35,39 +41,35 @@ inline void store_out(T* out, int64_t col, float value, const T* bias) {
   out[col] = static_cast<T>(value);
 }
 
-#if defined(SGL_HAVE_AVX512)
-// The four lanes' totals of a, b, c, d as lanes 0..3 of an __m128.
-inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512 abcd = _mm512_add_ps(
-      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
-      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
-  // each 128-bit lane now holds [a, b, c, d] partial sums: add the four lanes
-  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
-                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
-  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
-}
-
+#if defined(SGL_HAVE_VEC)
 // out[r, n0..n0+4) for the XR rows of x starting at x_rows (XR <= kMaxXRows).
 template <typename T, typename W, int XR>
 void tile4(const T* x_rows, const W* w_rows, T* out_rows, const T* bias, int64_t n0,
            const GemmCall& c) {
-  __m512 acc[XR][kRowsPerTile];
+  vfloat acc[XR][kRowsPerTile];
   for (int r = 0; r < XR; ++r)
-    for (int j = 0; j < kRowsPerTile; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int j = 0; j < kRowsPerTile; ++j) acc[r][j] = vzero();
   const int64_t k_vec = c.k - c.k % kVecWidth;
   for (int64_t i = 0; i < k_vec; i += kVecWidth) {
-    __m512 w[kRowsPerTile];
-    for (int j = 0; j < kRowsPerTile; ++j) w[j] = load_f32x16(w_rows + j * c.k + i);
-    for (int r = 0; r < XR; ++r) {
-      const __m512 xv = load_f32x16(x_rows + r * c.x_stride + i);
-      for (int j = 0; j < kRowsPerTile; ++j) acc[r][j] = _mm512_fmadd_ps(xv, w[j], acc[r][j]);
+    if constexpr (kXFirst) {  // XR x + 1 w + 4 XR acc registers
+      vfloat xv[XR];
+      for (int r = 0; r < XR; ++r) xv[r] = vload(x_rows + r * c.x_stride + i);
+      for (int j = 0; j < kRowsPerTile; ++j) {
+        const vfloat w = vload(w_rows + j * c.k + i);
+        for (int r = 0; r < XR; ++r) acc[r][j] = vfma(xv[r], w, acc[r][j]);
+      }
+    } else {  // 4 w + 1 x + 4 XR acc registers
+      vfloat w[kRowsPerTile];
+      for (int j = 0; j < kRowsPerTile; ++j) w[j] = vload(w_rows + j * c.k + i);
+      for (int r = 0; r < XR; ++r) {
+        const vfloat xv = vload(x_rows + r * c.x_stride + i);
+        for (int j = 0; j < kRowsPerTile; ++j) acc[r][j] = vfma(xv, w[j], acc[r][j]);
+      }
     }
   }
   for (int r = 0; r < XR; ++r) {
     alignas(16) float sums[kRowsPerTile];
-    _mm_store_ps(sums, reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+    _mm_store_ps(sums, vreduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
     const T* xr = x_rows + r * c.x_stride;
     for (int j = 0; j < kRowsPerTile; ++j) {
       const float tail = dot_range(xr, w_rows + j * c.k, k_vec, c.k);
@@ -88,15 +90,15 @@ void block4(const T* x, const W* w_rows, T* out, const T* bias, int64_t n0, cons
   switch (c.m - r) {
     case 1: tile4<T, W, 1>(xr, w_rows, outr, bias, n0, c); break;
     case 2: tile4<T, W, 2>(xr, w_rows, outr, bias, n0, c); break;
-    case 3: tile4<T, W, 3>(xr, w_rows, outr, bias, n0, c); break;
-    case 4: tile4<T, W, 4>(xr, w_rows, outr, bias, n0, c); break;
-    case 5: tile4<T, W, 5>(xr, w_rows, outr, bias, n0, c); break;
+    case 3: tile4<T, W, std::min(3, kMaxXRows)>(xr, w_rows, outr, bias, n0, c); break;
+    case 4: tile4<T, W, std::min(4, kMaxXRows)>(xr, w_rows, outr, bias, n0, c); break;
+    case 5: tile4<T, W, std::min(5, kMaxXRows)>(xr, w_rows, outr, bias, n0, c); break;
     default: break;
   }
 }
 #endif
 
-// One weight row against all rows of x (the N tail, and the path without AVX-512).
+// One weight row against all rows of x (the N tail, and the path without vectors).
 template <typename T, typename W>
 void row1(const T* x, const W* w_row, T* out, const T* bias, int64_t col, const GemmCall& c) {
   for (int64_t r = 0; r < c.m; ++r) {
@@ -111,7 +113,7 @@ void run_gemm(T* out, const T* x, const W* w, const T* bias, const GemmCall& c) 
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n0 = b * kRowsPerTile;
-#if defined(SGL_HAVE_AVX512)
+#if defined(SGL_HAVE_VEC)
       if constexpr (kHasVecLoad<T> && kHasVecLoad<W>) {
         block4(x, w + n0 * c.k, out, bias, n0, c);
         continue;

@@ -102,12 +102,13 @@ TokenPlaces token_places(const int64_t* seq_lens, const at::Tensor& extend_lens,
   return places;
 }
 
-#if defined(SGL_HAVE_AVX512)
-// The AVX-512 path: one work item is one new token's keys [begin, end) for all its heads,
+#if defined(SGL_HAVE_VEC)
+// The vector path: one work item is one new token's keys [begin, end) for all its heads,
 // read slot by slot (a slot's K then V rows, all heads, so a request's slots stream through
 // the cache in order), in blocks of kKeyBlock keys with an online softmax. A token's keys
 // are split over several items when the batch has fewer tokens than threads; the items'
-// partial results are merged after (flash-decoding). head_dim: a multiple of 16, <= 256.
+// partial results are merged after (flash-decoding). head_dim: a multiple of kVecWidth,
+// <= 256.
 constexpr int64_t kMaxVecDim = 256;
 constexpr int64_t kKeyBlock = 32;
 constexpr int64_t kMinSplitKeys = 64;  // fewer keys per item cost more than they save
@@ -120,35 +121,26 @@ struct Partial {
   float* acc;  // [Hq, D]
 };
 
-// Lanes [0, n) of a 16-float vector (n < 16), all of them for n >= 16.
-inline __mmask16 first_lanes(int64_t n) {
-  return n >= kVecWidth ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-}
-
 // max of x[0, n)
 inline float block_max(const float* x, int64_t n) {
-  __m512 vmax = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < n; j += kVecWidth) {
-    const __mmask16 lanes = first_lanes(n - j);
-    vmax = _mm512_mask_max_ps(vmax, lanes, vmax, _mm512_maskz_loadu_ps(lanes, x + j));
-  }
-  return _mm512_reduce_max_ps(vmax);
+  vfloat best = vset1(-INFINITY);
+  for (int64_t j = 0; j < n; j += kVecWidth) best = vmax(best, vload_first(x + j, n - j, -INFINITY));
+  return vreduce_max(best);
 }
 
 // x[0, n) <- exp(x - shift); returns their sum.
 inline float exp_in_place(float* x, int64_t n, float shift) {
-  const __m512 vshift = _mm512_set1_ps(shift);
-  __m512 vsum = _mm512_setzero_ps();
+  const vfloat vshift = vset1(shift);
+  vfloat vsum = vzero();
   for (int64_t j = 0; j < n; j += kVecWidth) {
-    const __mmask16 lanes = first_lanes(n - j);
-    const __m512 e = exp_f32x16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + j), vshift));
-    _mm512_mask_storeu_ps(x + j, lanes, e);
-    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(lanes, e));
+    const vfloat e = vexp(vsub(vload_first(x + j, n - j, 0.f), vshift));
+    vstore_first(x + j, n - j, e);
+    vsum = vadd(vsum, vkeep_first(e, n - j));
   }
-  return _mm512_reduce_add_ps(vsum);
+  return vreduce_add(vsum);
 }
 
-// NVEC: head_dim / 16 when known at compile time (rows stay in registers), else 0.
+// NVEC: head_dim / kVecWidth when known at compile time (rows stay in registers), else 0.
 template <typename T, int64_t NVEC>
 void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int64_t n,
                       const DecodeShape& s, Partial part) {
@@ -156,7 +148,7 @@ void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int6
   const int64_t nvec = NVEC > 0 ? NVEC : d / kVecWidth;
   const int64_t width = s.kv_heads * d;
   float scores[kKeyBlock * 64];  // [Hq, kKeyBlock]; Hq <= 64 checked by the caller
-  __m512 row[kMaxVecDim / kVecWidth];
+  vfloat row[kMaxVecDim / kVecWidth];
   std::fill(part.m, part.m + s.q_heads, -INFINITY);
   std::fill(part.l, part.l + s.q_heads, 0.f);
   std::fill(part.acc, part.acc + s.q_heads * d, 0.f);
@@ -165,14 +157,12 @@ void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int6
     for (int64_t jj = 0; jj < bn; ++jj) {
       const T* key = pool + int64_t(slots[b0 + jj]) * s.slot_stride;
       for (int64_t h = 0; h < s.kv_heads; ++h) {
-        for (int64_t i = 0; i < nvec; ++i) row[i] = load_f32x16(key + h * d + i * kVecWidth);
+        for (int64_t i = 0; i < nvec; ++i) row[i] = vload(key + h * d + i * kVecWidth);
         for (int64_t g = 0; g < group; ++g) {
           const float* qg = qf + (h * group + g) * d;
-          __m512 sum = _mm512_mul_ps(row[0], _mm512_loadu_ps(qg));
-          for (int64_t i = 1; i < nvec; ++i) {
-            sum = _mm512_fmadd_ps(row[i], _mm512_loadu_ps(qg + i * kVecWidth), sum);
-          }
-          float score = _mm512_reduce_add_ps(sum) * s.scale;
+          vfloat sum = vmul(row[0], vload(qg));
+          for (int64_t i = 1; i < nvec; ++i) sum = vfma(row[i], vload(qg + i * kVecWidth), sum);
+          float score = vreduce_add(sum) * s.scale;
           if (s.logit_cap > 0.f) score = s.logit_cap * std::tanh(score / s.logit_cap);
           scores[(h * group + g) * kKeyBlock + jj] = score;
         }
@@ -186,24 +176,23 @@ void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int6
       part.l[qh] = part.l[qh] * alpha + block_sum;
       part.m[qh] = new_m;
       if (alpha != 1.f) {
-        const __m512 a = _mm512_set1_ps(alpha);
+        const vfloat a = vset1(alpha);
         float* acc = part.acc + qh * d;
         for (int64_t i = 0; i < nvec; ++i) {
-          _mm512_storeu_ps(acc + i * kVecWidth, _mm512_mul_ps(a, _mm512_loadu_ps(acc + i * kVecWidth)));
+          vstore(acc + i * kVecWidth, vmul(a, vload(acc + i * kVecWidth)));
         }
       }
     }
     for (int64_t jj = 0; jj < bn; ++jj) {
       const T* value = pool + int64_t(slots[b0 + jj]) * s.slot_stride + width;
       for (int64_t h = 0; h < s.kv_heads; ++h) {
-        for (int64_t i = 0; i < nvec; ++i) row[i] = load_f32x16(value + h * d + i * kVecWidth);
+        for (int64_t i = 0; i < nvec; ++i) row[i] = vload(value + h * d + i * kVecWidth);
         for (int64_t g = 0; g < group; ++g) {
           const int64_t qh = h * group + g;
-          const __m512 p = _mm512_set1_ps(scores[qh * kKeyBlock + jj]);
+          const vfloat p = vset1(scores[qh * kKeyBlock + jj]);
           float* acc = part.acc + qh * d;
           for (int64_t i = 0; i < nvec; ++i) {
-            _mm512_storeu_ps(acc + i * kVecWidth,
-                             _mm512_fmadd_ps(p, row[i], _mm512_loadu_ps(acc + i * kVecWidth)));
+            vstore(acc + i * kVecWidth, vfma(p, row[i], vload(acc + i * kVecWidth)));
           }
         }
       }
@@ -231,7 +220,7 @@ void merge_partials(T* out, const float* m, const float* l, const float* acc, in
   }
 }
 
-// All tokens' attention on the AVX-512 path (see above): out rows <- attention of q rows.
+// All tokens' attention on the vector path (see above): out rows <- attention of q rows.
 template <typename T, typename P>
 void attend_tokens_vec(const T* qp, T* op, const P* pool, const int32_t* table,
                        const int64_t* pool_idx, const TokenPlaces& places, int64_t rows,
@@ -266,8 +255,8 @@ void attend_tokens_vec(const T* qp, T* op, const P* pool, const int32_t* table,
                              (places.token_end[t] - kv_len[t]) + k0;
       const Partial part{&m[item * hq], &l[item * hq], &acc[item * hq * d]};
       switch (d) {
-        case 64: attend_range_vec<P, 4>(qf.data(), pool, slots, k1 - k0, s, part); break;
-        case 128: attend_range_vec<P, 8>(qf.data(), pool, slots, k1 - k0, s, part); break;
+        case 64: attend_range_vec<P, 64 / kVecWidth>(qf.data(), pool, slots, k1 - k0, s, part); break;
+        case 128: attend_range_vec<P, 128 / kVecWidth>(qf.data(), pool, slots, k1 - k0, s, part); break;
         default: attend_range_vec<P, 0>(qf.data(), pool, slots, k1 - k0, s, part);
       }
     }
@@ -312,7 +301,7 @@ void run_paged_attention(const PagedCall& c, at::Tensor& out) {
   const T* qp = c.q.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int32_t* table = c.req_to_token.data_ptr<int32_t>();
-#if defined(SGL_HAVE_AVX512)
+#if defined(SGL_HAVE_VEC)
   if constexpr (kHasVecLoad<T> && kHasVecLoad<P>) {
     if (d % kVecWidth == 0 && d <= kMaxVecDim && s.q_heads <= 64) {
       attend_tokens_vec(qp, op, pool, table, c.pool_idx, c.places, c.rows, s);

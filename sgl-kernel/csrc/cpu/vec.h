@@ -1,65 +1,192 @@
-// 16-float AVX-512 vectors over float, bfloat16 and half storage: loads widen to float32,
-// so a kernel computes in float whatever the pool's dtype. Compiled only where the build
-// machine has AVX-512F (-march=native); kernels keep a portable path for the rest.
+// One float32 SIMD vector type for the kernels, over float, bfloat16 and half storage:
+// loads widen to float32, so a kernel computes in float whatever the pool's dtype.
+//   AVX-512F:          vfloat = __m512, kVecWidth 16
+//   AVX2 + FMA + F16C: vfloat = __m256, kVecWidth 8  (AMD Zen 1-3, Intel Haswell-Skylake)
+// picked at compile time (-march=native). SGL_HAVE_VEC is defined on either; kernels keep
+// a portable scalar path for the rest (aarch64, and builds with -DSGL_FORCE_SCALAR).
+// A kernel written against these helpers runs on both ISAs with the same arithmetic per
+// lane (sums may group differently).
 #pragma once
 
-#if defined(__AVX512F__)
-#define SGL_HAVE_AVX512 1
+#if !defined(SGL_FORCE_SCALAR) && \
+    (defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)))
+#define SGL_HAVE_VEC 1
 #include <immintrin.h>
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <cmath>
 #include <type_traits>
 
 namespace sgl_cpu {
 
-constexpr int64_t kVecWidth = 16;  // floats per __m512
-
-// Storage types load_f32x16 reads (double keeps the portable path).
+// Storage types vload reads (double keeps the portable path).
 template <typename T>
 constexpr bool kHasVecLoad = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> ||
                              std::is_same_v<T, c10::Half>;
 
-inline __m512 load_f32x16(const float* p) { return _mm512_loadu_ps(p); }
+#if defined(__AVX512F__)
+#define SGL_VEC_ISA "avx512"
+using vfloat = __m512;
+constexpr int64_t kVecWidth = 16;     // floats per vector
+constexpr int kVecRegisters = 32;     // zmm registers: sizes register tiles
 
-inline __m512 load_f32x16(const c10::BFloat16* p) {  // bf16 is float32's upper half
+inline vfloat vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vfloat vload(const c10::BFloat16* p) {  // bf16 is float32's upper half
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
-
-inline __m512 load_f32x16(const c10::Half* p) {
+inline vfloat vload(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+inline void vstore(float* p, vfloat v) { _mm512_storeu_ps(p, v); }
+inline vfloat vset1(float x) { return _mm512_set1_ps(x); }
+inline vfloat vzero() { return _mm512_setzero_ps(); }
+inline vfloat vadd(vfloat a, vfloat b) { return _mm512_add_ps(a, b); }
+inline vfloat vsub(vfloat a, vfloat b) { return _mm512_sub_ps(a, b); }
+inline vfloat vmul(vfloat a, vfloat b) { return _mm512_mul_ps(a, b); }
+inline vfloat vdiv(vfloat a, vfloat b) { return _mm512_div_ps(a, b); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps(a, b, c); }  // a*b+c
+inline vfloat vfnma(vfloat a, vfloat b, vfloat c) { return _mm512_fnmadd_ps(a, b, c); }  // c-a*b
+inline vfloat vmax(vfloat a, vfloat b) { return _mm512_max_ps(a, b); }
+inline vfloat vmin(vfloat a, vfloat b) { return _mm512_min_ps(a, b); }
+inline vfloat vfloor(vfloat x) {
+  return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+inline vfloat vpow2i(vfloat n) {  // 2^n for integral n in [-127, 128)
+  const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+}
+inline float vreduce_add(vfloat v) { return _mm512_reduce_add_ps(v); }
+inline float vreduce_max(vfloat v) { return _mm512_reduce_max_ps(v); }
 
-// Stores 16 floats as T (bf16/half rounded as static_cast<T> rounds).
-inline void store_f32x16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline __mmask16 first_lanes(int64_t n) {  // lanes [0, n); all of them for n >= 16
+  return n >= kVecWidth ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+}
+// p[0, min(n, 16)) into the first lanes, `fill` in the others (p past n is not read).
+inline vfloat vload_first(const float* p, int64_t n, float fill) {
+  return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), first_lanes(n), p);
+}
+inline void vstore_first(float* p, int64_t n, vfloat v) {
+  _mm512_mask_storeu_ps(p, first_lanes(n), v);
+}
+inline vfloat vkeep_first(vfloat v, int64_t n) { return _mm512_maskz_mov_ps(first_lanes(n), v); }
 
+// Whether any lane seen by add() was NaN.
+struct NanLanes {
+  __mmask16 lanes = 0;
+  void add(vfloat v) { lanes |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q); }
+  bool any() const { return lanes != 0; }
+};
+
+// Lanes 0..3 of the result: the totals of a, b, c and d.
+inline __m128 vreduce4(vfloat a, vfloat b, vfloat c, vfloat d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 abcd = _mm512_add_ps(
+      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  // each 128-bit lane now holds [a, b, c, d] partial sums: add the four lanes
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+#else  // AVX2 + FMA + F16C
+#define SGL_VEC_ISA "avx2"
+using vfloat = __m256;
+constexpr int64_t kVecWidth = 8;
+constexpr int kVecRegisters = 16;  // ymm registers
+
+inline vfloat vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vfloat vload(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline vfloat vload(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline void vstore(float* p, vfloat v) { _mm256_storeu_ps(p, v); }
+inline vfloat vset1(float x) { return _mm256_set1_ps(x); }
+inline vfloat vzero() { return _mm256_setzero_ps(); }
+inline vfloat vadd(vfloat a, vfloat b) { return _mm256_add_ps(a, b); }
+inline vfloat vsub(vfloat a, vfloat b) { return _mm256_sub_ps(a, b); }
+inline vfloat vmul(vfloat a, vfloat b) { return _mm256_mul_ps(a, b); }
+inline vfloat vdiv(vfloat a, vfloat b) { return _mm256_div_ps(a, b); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm256_fmadd_ps(a, b, c); }
+inline vfloat vfnma(vfloat a, vfloat b, vfloat c) { return _mm256_fnmadd_ps(a, b, c); }
+inline vfloat vmax(vfloat a, vfloat b) { return _mm256_max_ps(a, b); }
+inline vfloat vmin(vfloat a, vfloat b) { return _mm256_min_ps(a, b); }
+inline vfloat vfloor(vfloat x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline vfloat vpow2i(vfloat n) {
+  const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+}
+inline float vreduce_add(vfloat v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float vreduce_max(vfloat v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline __m256i first_lanes(int64_t n) {  // all-ones in lanes [0, n)
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const int32_t k = n >= kVecWidth ? int32_t(kVecWidth) : int32_t(n);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), iota);
+}
+inline vfloat vload_first(const float* p, int64_t n, float fill) {
+  const __m256i lanes = first_lanes(n);
+  return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, lanes),
+                          _mm256_castsi256_ps(lanes));
+}
+inline void vstore_first(float* p, int64_t n, vfloat v) {
+  _mm256_maskstore_ps(p, first_lanes(n), v);
+}
+inline vfloat vkeep_first(vfloat v, int64_t n) {
+  return _mm256_and_ps(v, _mm256_castsi256_ps(first_lanes(n)));
+}
+
+struct NanLanes {
+  __m256 lanes = _mm256_setzero_ps();
+  void add(vfloat v) { lanes = _mm256_or_ps(lanes, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)); }
+  bool any() const { return _mm256_movemask_ps(lanes) != 0; }
+};
+
+inline __m128 vreduce4(vfloat a, vfloat b, vfloat c, vfloat d) {
+  const __m256 ab = _mm256_hadd_ps(a, b);  // [a01 a23 b01 b23 | a45 a67 b45 b67]
+  const __m256 cd = _mm256_hadd_ps(c, d);
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);  // [a0-3 b0-3 c0-3 d0-3 | a4-7 ...]
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+#endif
+
+// Stores a vector as T (bf16/half rounded as static_cast<T> rounds).
 template <typename T>
-inline void store_f32x16(T* p, __m512 v) {
+inline void vstore(T* p, vfloat v) {
   alignas(64) float tmp[kVecWidth];
-  _mm512_store_ps(tmp, v);
+  vstore(tmp, v);
   for (int64_t i = 0; i < kVecWidth; ++i) p[i] = static_cast<T>(tmp[i]);
 }
 
-// exp of 16 floats: exp_f32's algorithm (Cephes, common.h) lane by lane.
-inline __m512 exp_f32x16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(
-      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);  // round(x / ln2)
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  const __m512i bits =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));  // y * 2^n
+// exp lane by lane: exp_f32's algorithm (Cephes, common.h).
+inline vfloat vexp(vfloat x) {
+  x = vmin(vmax(x, vset1(-87.0f)), vset1(88.0f));
+  const vfloat n = vfloor(vfma(x, vset1(1.44269504088896341f), vset1(0.5f)));  // round(x / ln2)
+  vfloat r = vfnma(n, vset1(0.693359375f), x);
+  r = vfma(n, vset1(2.12194440e-4f), r);
+  vfloat p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  const vfloat y = vadd(vfma(p, vmul(r, r), r), vset1(1.0f));
+  return vmul(y, vpow2i(n));  // y * 2^n
 }
 
 }  // namespace sgl_cpu

@@ -96,7 +96,10 @@ def _build() -> ModuleType | None:
     except Exception as exc:  # no compiler, no ninja, a build error: keep serving
         logger.warning("CPU kernels unavailable (%s); using torch ops", _first_line(exc))
         return None
-    logger.info("CPU kernels ready in %.1f s (%s)", time.perf_counter() - start, src)
+    logger.info(
+        "CPU kernels ready in %.1f s (%s vectors; %s)",
+        time.perf_counter() - start, module.vector_isa, src,
+    )
     return module
 
 
