@@ -100,7 +100,7 @@ def llama_cpp_source(cache_dir: Path) -> Path:
     src_dir = cache_dir / "llama.cpp"
     if (src_dir / "CMakeLists.txt").exists():
         return src_dir
-    sdist = download_sdist(cache_dir)
+    sdist = download_sdist(cache_dir)  # creates cache_dir
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         with tarfile.open(sdist) as tar:
             tar.extractall(tmp, filter="data")
@@ -115,6 +115,7 @@ def download_sdist(cache_dir: Path) -> Path:
     if found:
         return found[0]
     logger.info("downloading the llama-cpp-python %s sdist", LLAMA_CPP_PYTHON_VERSION)
+    cache_dir.mkdir(parents=True, exist_ok=True)  # a fresh machine has no ~/.cache yet
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:  # private TMPDIR for pip
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(sdist_dir)]  # fmt: skip

@@ -9,8 +9,10 @@ fp32 to 1e-5 and bf16 to bf16's precision. Then the layers route decode-sized ca
 the kernels and keep torch ops for large ones and inside `cpu_kernels.disabled()`, and
 a build that cannot find its sources falls back to torch ops.
 
-The first run on a machine compiles the kernels (about a minute on 2 cores); later runs
-load them from torch's extension cache.
+Every op test runs twice: on the build this machine serves with (its AVX-512 or AVX2
+vector paths) and on a build of the portable loops only. The first run on a machine
+compiles both (about a minute and a half each on 2 cores); later runs load them from
+torch's extension cache.
 """
 
 from __future__ import annotations
@@ -32,8 +34,25 @@ FP32_TOL = 1e-5
 NO_EXT = torch.empty(0, dtype=torch.int64)  # decode: one new token per request
 
 
+@pytest.fixture(scope="module", params=["native", "scalar"])
+def kernels(request):
+    """Each op test runs on the build this machine serves with (its AVX-512 or AVX2
+    vectors) and on the portable loops (-DSGL_FORCE_SCALAR), which CPUs without AVX2
+    and aarch64 run."""
+    if request.param == "scalar":
+        module = cpu_kernels.build_scalar()
+        assert module.vector_isa == "scalar"
+        return module
+    return _native()
+
+
 @pytest.fixture(scope="module")
-def kernels():
+def native_kernels():
+    """The build the layers call (routing tests patch its functions)."""
+    return _native()
+
+
+def _native():
     module = cpu_kernels.load()
     assert module is not None, "the CPU kernels did not build (see the log)"
     return module
@@ -339,10 +358,10 @@ def test_decode_attention_rejects_a_bad_seq_len(kernels):
 # -- routing in the layers ----------------------------------------------------------------
 
 
-def test_layers_take_the_kernels_for_any_rows_unless_disabled(kernels, monkeypatch):
+def test_layers_take_the_kernels_for_any_rows_unless_disabled(native_kernels, monkeypatch):
     calls = []
-    real = kernels.silu_and_mul_out
-    monkeypatch.setattr(kernels, "silu_and_mul_out", lambda *a: calls.append(1) or real(*a))
+    real = native_kernels.silu_and_mul_out
+    monkeypatch.setattr(native_kernels, "silu_and_mul_out", lambda *a: calls.append(1) or real(*a))
     act = SiluAndMul()
     small = torch.randn(4, 64)
     out = act(small)
@@ -356,7 +375,7 @@ def test_layers_take_the_kernels_for_any_rows_unless_disabled(kernels, monkeypat
     assert calls == [1, 1]
 
 
-def test_rmsnorm_layer_same_result_either_path(kernels):
+def test_rmsnorm_layer_same_result_either_path(native_kernels):
     norm = RMSNorm(96, eps=1e-6)
     norm.weight.data = torch.rand(96) + 0.5
     x, residual = torch.randn(3, 96), torch.randn(3, 96)
@@ -394,7 +413,7 @@ def test_ninja_beside_the_interpreter_is_put_on_path(tmp_path, monkeypatch):
     assert cpu_kernels.os.environ["PATH"].split(cpu_kernels.os.pathsep)[0] == str(tmp_path)
 
 
-def test_rotary_falls_back_for_a_dtype_the_kernels_lack(kernels):
+def test_rotary_falls_back_for_a_dtype_the_kernels_lack(native_kernels):
     """prepare() leaves cos/sin to the kernel; an x the kernel cannot take (float64) still
     gets the torch rotation, which then builds them itself."""
     rope = get_rope(64, 64, 10000.0)
@@ -431,7 +450,7 @@ def test_argmax_rows_ties_nan_and_minus_inf_as_torch(kernels):
     assert out.tolist() == x.argmax(-1).tolist() == [3, 30, 39, 0]
 
 
-def test_greedy_sampling_takes_the_kernel_on_strided_logits(kernels):
+def test_greedy_sampling_takes_the_kernel_on_strided_logits(native_kernels):
     logits = torch.randn(6, 2 * 300)[:, :300]  # rows of a wider buffer
     assert torch.equal(greedy_ids(logits), logits.argmax(-1))
     with cpu_kernels.disabled():
@@ -500,10 +519,10 @@ def test_linear_small_m_refuses_mismatched_arguments(kernels):
         kernels.linear_small_m(torch.empty(2, 8), x, torch.randn(32, 8).t())
 
 
-def test_linear_layers_route_decode_rows_to_the_kernel(kernels, monkeypatch):
+def test_linear_layers_route_decode_rows_to_the_kernel(native_kernels, monkeypatch):
     calls = []
-    real = kernels.linear_small_m
-    monkeypatch.setattr(kernels, "linear_small_m", lambda *a: calls.append(a[1].shape) or real(*a))
+    real = native_kernels.linear_small_m
+    monkeypatch.setattr(native_kernels, "linear_small_m", lambda *a: calls.append(a[1].shape) or real(*a))
     layer = ColumnParallelLinear(256, 64, bias=True)
     layer.weight.data, layer.bias.data = torch.randn(64, 256) / 16, torch.randn(64)
     for rows in (1, 16, 17, 300):  # 17 rows of a 256-wide input: F.linear is faster

@@ -11,6 +11,8 @@ constexpr const char* kVectorIsa = SGL_VEC_ISA;
 constexpr const char* kVectorIsa = "scalar";
 #endif
 
+// Classes are module_local: a second build of these sources (the portable one the tests
+// load beside the native) registers its own copies of the types.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm_out", &sgl_cpu::rmsnorm_out, "out <- rmsnorm(x) * w");
   m.def("fused_add_rmsnorm_", &sgl_cpu::fused_add_rmsnorm_,
@@ -25,7 +27,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &sgl_cpu::argmax_rows, "out <- argmax of each row (first max; NaN first)");
   m.attr("vector_isa") = kVectorIsa;  // the vector path the kernels were built with
 
-  py::class_<sgl_cpu::DecoderLayerWeights>(m, "DecoderLayerWeights")
+  py::class_<sgl_cpu::DecoderLayerWeights>(m, "DecoderLayerWeights", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                     std::optional<at::Tensor>, std::optional<at::Tensor>,
                     std::optional<at::Tensor>, std::optional<at::Tensor>>(),
@@ -33,19 +35,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("gate_up"), py::arg("down"), py::arg("qkv_bias") = py::none(),
            py::arg("o_bias") = py::none(), py::arg("q_norm") = py::none(),
            py::arg("k_norm") = py::none());
-  py::class_<sgl_cpu::DecoderLayerShape>(m, "DecoderLayerShape")
+  py::class_<sgl_cpu::DecoderLayerShape>(m, "DecoderLayerShape", py::module_local())
       .def(py::init<int64_t, int64_t, int64_t, double, double, double, int64_t, int64_t, int64_t,
                     int64_t>(),
            py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("rms_eps"),
            py::arg("scale"), py::arg("logit_cap"), py::arg("window"), py::arg("small_m_rows"),
            py::arg("long_k"), py::arg("long_k_rows"));
-  py::class_<sgl_cpu::DecodeStep>(m, "DecodeStep")
+  py::class_<sgl_cpu::DecodeStep>(m, "DecodeStep", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                     at::Tensor, at::Tensor>(),
            py::arg("positions"), py::arg("cos_cache"), py::arg("sin_cache"),
            py::arg("out_cache_loc"), py::arg("req_to_token"), py::arg("req_pool_indices"),
            py::arg("seq_lens"), py::arg("extend_lens"));
-  py::class_<sgl_cpu::DecoderLayer>(m, "DecoderLayer")
+  py::class_<sgl_cpu::DecoderLayer>(m, "DecoderLayer", py::module_local())
       .def(py::init<sgl_cpu::DecoderLayerWeights, sgl_cpu::DecoderLayerShape>())
       .def("forward", &sgl_cpu::DecoderLayer::forward,
            "(hidden, residual) of the next layer, as LlamaDecoderLayer.forward");

@@ -81,18 +81,9 @@ def _build() -> ModuleType | None:
     if missing:
         logger.warning("CPU kernels unavailable: %s not found; using torch ops", src / missing[0])
         return None
-    _put_venv_ninja_on_path()
     start = time.perf_counter()
     try:
-        from torch.utils import cpp_extension  # start-up cost: only when kernels are built
-
-        module = cpp_extension.load(
-            name=_extension_name(src),
-            sources=[str(src / f) for f in SOURCE_FILES],
-            extra_cflags=list(CFLAGS),
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        module = _compile(src, CFLAGS)
     except Exception as exc:  # no compiler, no ninja, a build error: keep serving
         logger.warning("CPU kernels unavailable (%s); using torch ops", _first_line(exc))
         return None
@@ -103,6 +94,26 @@ def _build() -> ModuleType | None:
     return module
 
 
+def build_scalar() -> ModuleType:
+    """The kernels built with their portable loops only (-DSGL_FORCE_SCALAR), as a CPU
+    without AVX2 (or an aarch64 one) runs them: for tests that check that path on any
+    machine. Raises when it cannot be built."""
+    return _compile(source_dir(), CFLAGS + ("-DSGL_FORCE_SCALAR",))
+
+
+def _compile(src: Path, cflags: tuple[str, ...]) -> ModuleType:
+    _put_venv_ninja_on_path()
+    from torch.utils import cpp_extension  # start-up cost: only when kernels are built
+
+    return cpp_extension.load(
+        name=_extension_name(src, cflags),
+        sources=[str(src / f) for f in SOURCE_FILES],
+        extra_cflags=list(cflags),
+        extra_ldflags=["-fopenmp"],
+        verbose=False,
+    )
+
+
 def _put_venv_ninja_on_path() -> None:
     """torch runs `ninja` from PATH; the `ninja` dependency installs it beside this
     interpreter, which is not on PATH when the venv is not activated."""
@@ -111,13 +122,13 @@ def _put_venv_ninja_on_path() -> None:
         os.environ["PATH"] = f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
-def _extension_name(src: Path) -> str:
-    """A name per (sources, CPU flags): a cache shared by machines with different
-    instruction sets never loads a library built for another one."""
+def _extension_name(src: Path, cflags: tuple[str, ...]) -> str:
+    """A name per (sources, build flags, CPU flags): a cache shared by machines with
+    different instruction sets never loads a library built for another one."""
     digest = hashlib.sha256()
     for name in SOURCE_FILES + HEADER_FILES:
         digest.update((src / name).read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
+    digest.update(" ".join(cflags).encode())
     digest.update(_cpu_flags().encode())
     digest.update(torch.__version__.encode())
     return f"sgl_kernel_cpu_{digest.hexdigest()[:16]}"
