@@ -26,7 +26,13 @@ import torch.nn.functional as F
 from sglang.srt.layers import cpu_kernels
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import LONG_K, ColumnParallelLinear, linear
+from sglang.srt.layers.linear import (
+    HALF_WEIGHT_MAX_ROWS,
+    LONG_K,
+    SMALL_M_MAX_ROWS,
+    ColumnParallelLinear,
+    linear,
+)
 from sglang.srt.layers.rotary_embedding import get_rope
 from sglang.srt.layers.sampler import greedy_ids
 
@@ -535,3 +541,20 @@ def test_linear_layers_route_decode_rows_to_the_kernel(native_kernels, monkeypat
     with cpu_kernels.disabled():
         layer(torch.randn(2, 256))
     assert len(calls) == 3
+
+
+def test_half_weights_under_float32_take_the_kernel_up_to_their_row_limit(native_kernels, monkeypatch):
+    """A bf16 weight under float32 x would be widened whole for F.linear on every call,
+    so the kernel (which widens rows as it loads them) serves it up to
+    HALF_WEIGHT_MAX_ROWS rows even on a narrow input; past that F.linear does."""
+    calls = []
+    real = native_kernels.linear_small_m
+    monkeypatch.setattr(native_kernels, "linear_small_m", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    w = (torch.randn(48, 256) / 16).bfloat16()
+    for rows in (SMALL_M_MAX_ROWS + 1, HALF_WEIGHT_MAX_ROWS, HALF_WEIGHT_MAX_ROWS + 1):
+        x = torch.randn(rows, 256)
+        torch.testing.assert_close(linear(x, w), F.linear(x, w.float()), atol=1e-4, rtol=1e-4)
+    assert calls == [SMALL_M_MAX_ROWS + 1, HALF_WEIGHT_MAX_ROWS]
+    x = torch.randn(SMALL_M_MAX_ROWS + 1, 256)  # the same rows over a float32 weight: F.linear
+    linear(x, w.float())
+    assert len(calls) == 2

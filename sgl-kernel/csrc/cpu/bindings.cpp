@@ -37,10 +37,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("k_norm") = py::none());
   py::class_<sgl_cpu::DecoderLayerShape>(m, "DecoderLayerShape", py::module_local())
       .def(py::init<int64_t, int64_t, int64_t, double, double, double, int64_t, int64_t, int64_t,
-                    int64_t>(),
+                    int64_t, int64_t>(),
            py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("rms_eps"),
            py::arg("scale"), py::arg("logit_cap"), py::arg("window"), py::arg("small_m_rows"),
-           py::arg("long_k"), py::arg("long_k_rows"));
+           py::arg("long_k"), py::arg("long_k_rows"), py::arg("half_weight_rows"));
   py::class_<sgl_cpu::DecodeStep>(m, "DecodeStep", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                     at::Tensor, at::Tensor>(),

@@ -18,7 +18,9 @@ DecoderLayer::DecoderLayer(DecoderLayerWeights weights, DecoderLayerShape shape)
 at::Tensor DecoderLayer::linear(const at::Tensor& x, const at::Tensor& w,
                                 const std::optional<at::Tensor>& bias) const {
   const int64_t rows = x.size(0);
-  const bool small = rows <= s_.small_m_rows || (x.size(1) >= s_.long_k && rows <= s_.long_k_rows);
+  const bool half_w = w.scalar_type() != x.scalar_type();  // bf16/fp16 under float32
+  const bool small = rows <= s_.small_m_rows || (x.size(1) >= s_.long_k && rows <= s_.long_k_rows) ||
+                     (half_w && rows <= s_.half_weight_rows);
   if (small) {
     at::Tensor out = at::empty({rows, w.size(0)}, x.options());
     linear_small_m(out, x, w, bias);

@@ -22,9 +22,10 @@ struct DecoderLayerShape {
   int64_t num_heads, num_kv_heads, head_dim;
   double rms_eps, scale, logit_cap;  // logit_cap 0: none
   int64_t window;                    // sliding window in keys; 0: full attention
-  // rows that take linear_small_m (as layers/linear.py): <= small_m_rows, or <=
-  // long_k_rows when the input is at least long_k wide; other calls at::linear
-  int64_t small_m_rows, long_k, long_k_rows;
+  // rows that take linear_small_m (as layers/linear.py small_m_rows): <= small_m_rows,
+  // or <= long_k_rows when the input is at least long_k wide, or <= half_weight_rows
+  // for a bf16/fp16 weight under float32; other calls at::linear
+  int64_t small_m_rows, long_k, long_k_rows, half_weight_rows;
 };
 
 // Per-forward attention inputs, shared by every layer of the step.

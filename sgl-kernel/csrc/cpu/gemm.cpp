@@ -42,15 +42,25 @@ inline void store_out(T* out, int64_t col, float value, const T* bias) {
 }
 
 #if defined(SGL_HAVE_VEC)
-// out[r, n0..n0+4) for the XR rows of x starting at x_rows (XR <= kMaxXRows).
+// out[r, n0..n0+4) for the XR rows of x starting at x_rows (XR <= kMaxXRows). With
+// `prefetch`, the next block's weight rows are prefetched a block ahead (prefetches past
+// the weight's end do not fault): a decode-size call is bound by reading the weight, and
+// its short rows give the hardware prefetcher little time to ramp up.
 template <typename T, typename W, int XR>
 void tile4(const T* x_rows, const W* w_rows, T* out_rows, const T* bias, int64_t n0,
-           const GemmCall& c) {
+           const GemmCall& c, bool prefetch) {
+  const W* next = w_rows + kRowsPerTile * c.k;
+  constexpr int64_t kLineElems = 64 / sizeof(W);
   vfloat acc[XR][kRowsPerTile];
   for (int r = 0; r < XR; ++r)
     for (int j = 0; j < kRowsPerTile; ++j) acc[r][j] = vzero();
   const int64_t k_vec = c.k - c.k % kVecWidth;
   for (int64_t i = 0; i < k_vec; i += kVecWidth) {
+    if (prefetch && i % kLineElems == 0) {
+      for (int j = 0; j < kRowsPerTile; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + j * c.k + i), _MM_HINT_T0);
+      }
+    }
     if constexpr (kXFirst) {  // XR x + 1 w + 4 XR acc registers
       vfloat xv[XR];
       for (int r = 0; r < XR; ++r) xv[r] = vload(x_rows + r * c.x_stride + i);
@@ -83,16 +93,17 @@ template <typename T, typename W>
 void block4(const T* x, const W* w_rows, T* out, const T* bias, int64_t n0, const GemmCall& c) {
   int64_t r = 0;
   for (; r + kMaxXRows <= c.m; r += kMaxXRows) {
-    tile4<T, W, kMaxXRows>(x + r * c.x_stride, w_rows, out + r * c.n, bias, n0, c);
+    tile4<T, W, kMaxXRows>(x + r * c.x_stride, w_rows, out + r * c.n, bias, n0, c, r == 0);
   }
+  const bool prefetch = r == 0;  // the first pass over this block prefetches the next
   const T* xr = x + r * c.x_stride;
   T* outr = out + r * c.n;
   switch (c.m - r) {
-    case 1: tile4<T, W, 1>(xr, w_rows, outr, bias, n0, c); break;
-    case 2: tile4<T, W, 2>(xr, w_rows, outr, bias, n0, c); break;
-    case 3: tile4<T, W, std::min(3, kMaxXRows)>(xr, w_rows, outr, bias, n0, c); break;
-    case 4: tile4<T, W, std::min(4, kMaxXRows)>(xr, w_rows, outr, bias, n0, c); break;
-    case 5: tile4<T, W, std::min(5, kMaxXRows)>(xr, w_rows, outr, bias, n0, c); break;
+    case 1: tile4<T, W, 1>(xr, w_rows, outr, bias, n0, c, prefetch); break;
+    case 2: tile4<T, W, 2>(xr, w_rows, outr, bias, n0, c, prefetch); break;
+    case 3: tile4<T, W, std::min(3, kMaxXRows)>(xr, w_rows, outr, bias, n0, c, prefetch); break;
+    case 4: tile4<T, W, std::min(4, kMaxXRows)>(xr, w_rows, outr, bias, n0, c, prefetch); break;
+    case 5: tile4<T, W, std::min(5, kMaxXRows)>(xr, w_rows, outr, bias, n0, c, prefetch); break;
     default: break;
   }
 }

@@ -22,7 +22,12 @@ from torch import nn
 
 from sglang.srt.layers import cpu_kernels
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend, kernel_takes
-from sglang.srt.layers.linear import LONG_K, LONG_K_MAX_ROWS, SMALL_M_MAX_ROWS
+from sglang.srt.layers.linear import (
+    HALF_WEIGHT_MAX_ROWS,
+    LONG_K,
+    LONG_K_MAX_ROWS,
+    SMALL_M_MAX_ROWS,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.layers.rotary_embedding import RotaryEmbedding
@@ -133,5 +138,6 @@ def _build(layer: nn.Module) -> Any:
         SMALL_M_MAX_ROWS,
         LONG_K,
         LONG_K_MAX_ROWS,
+        HALF_WEIGHT_MAX_ROWS,
     )
     return kernels.DecoderLayer(weights, shape)

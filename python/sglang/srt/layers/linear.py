@@ -18,10 +18,14 @@ from sglang.srt.layers import cpu_kernels
 # F.linear at 2 threads with the weights coming from memory, as in a forward
 # (benchmark/RESULTS.md): [1024-3072]-wide float32 weights 1.5-2.1x faster at 4-32 rows,
 # 1.0-1.9x at 128; 256-wide ones only up to 16 rows (slower past 32). Over bf16 weights
-# the kernel reads half the bytes and F.linear must widen them first.
+# the kernel reads half the bytes and F.linear must widen them first (a copy of the
+# whole weight per call), so a half weight under float32 takes the kernel up to
+# HALF_WEIGHT_MAX_ROWS rows whatever its width: demo-model shapes at 32-64 rows, 2
+# threads, weights from memory, AVX2: 1.0-2.2x widen + F.linear (benchmark/RESULTS.md).
 SMALL_M_MAX_ROWS = 16
 LONG_K = 1024
 LONG_K_MAX_ROWS = 128
+HALF_WEIGHT_MAX_ROWS = 64
 HALF_WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -52,12 +56,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def _takes_small_m(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     if x.dim() != 2 or x.stride(1) != 1 or not weight.is_contiguous():
         return False
-    rows = x.shape[0]
-    if rows > SMALL_M_MAX_ROWS and (rows > LONG_K_MAX_ROWS or x.shape[1] < LONG_K):
-        return False
     half_under_float = x.dtype == torch.float32 and weight.dtype in HALF_WEIGHT_DTYPES
+    if not small_m_rows(x.shape[0], x.shape[1], half_under_float):
+        return False
     dtypes_ok = weight.dtype == x.dtype or half_under_float
     return dtypes_ok and (bias is None or bias.dtype == x.dtype) and cpu_kernels.usable(x)
+
+
+def small_m_rows(rows: int, width: int, half_under_float: bool) -> bool:
+    """Whether a call of `rows` x `width` inputs takes the small-M kernel (the rule
+    decoder_layer.cpp applies too, with these constants)."""
+    if half_under_float and rows <= HALF_WEIGHT_MAX_ROWS:
+        return True
+    return rows <= SMALL_M_MAX_ROWS or (width >= LONG_K and rows <= LONG_K_MAX_ROWS)
 
 
 def _param(*shape: int) -> nn.Parameter:
