@@ -148,3 +148,34 @@ def test_one_undecodable_request_fails_alone(tokenizer):
     assert out.new_texts[0] + out2.new_texts[0] == tokenizer.decode(good)
     assert out.new_texts[2] + out2.new_texts[2] == tokenizer.decode(good)
     assert out2.new_texts[1] == "" and not manager.failed_rids and not manager.detok.states
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_rust_decoder_gives_batch_decode_text(tokenizer, skip):
+    """The streaming path decodes through the tokenizers.Tokenizer directly; it must
+    return what transformers' batch_decode returns, special tokens and split UTF-8
+    included."""
+    from sglang.srt.managers.detokenizer_manager import rust_decoder
+
+    rust = rust_decoder(tokenizer)
+    assert rust is not None
+    gen = __import__("random").Random(0)
+    specials = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    for n in (1, 2, 5, 40):
+        ids = [gen.randrange(len(tokenizer)) for _ in range(n)] + specials[: n % 3]
+        assert rust.decode(ids, skip_special_tokens=skip) == tokenizer.batch_decode(
+            [ids], skip_special_tokens=skip
+        )[0]
+    detok = IncrementalDetokenizer(tokenizer)
+    text = "a<|im_end|>héllo 你好"
+    got = "".join(stream(detok, tokenizer, text, DecodeParams(skip_special_tokens=skip, stream=True)))
+    assert got == tokenizer.batch_decode([tokenizer.encode(text)], skip_special_tokens=skip)[0]
+
+
+def test_clean_up_tokenization_keeps_batch_decode(tokenizer, monkeypatch):
+    """A tokenizer that cleans up spaces after decoding keeps the transformers path."""
+    from sglang.srt.managers.detokenizer_manager import rust_decoder
+
+    monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
+    assert rust_decoder(tokenizer) is None
+    assert rust_decoder(_PoisonTokenizer(tokenizer)) is None

@@ -84,17 +84,37 @@ def partial_stop_len(text: str, stop_strs: Sequence[str]) -> int:
     return longest
 
 
+def rust_decoder(tokenizer: Any) -> Any | None:
+    """The `tokenizers.Tokenizer` behind a fast HF tokenizer when decoding through it gives
+    batch_decode's text (no clean-up pass; spaces_between_special_tokens only applies to
+    slow tokenizers), else None. transformers' decode adds ~10 us of Python per sequence
+    (to_py_obj, kwargs, list building): a third of the HTTP process's time per streamed
+    token at concurrency 1."""
+    rust = getattr(tokenizer, "_tokenizer", None)
+    if rust is None or not callable(getattr(rust, "decode", None)):
+        return None
+    if getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return rust
+
+
 class IncrementalDetokenizer:
     """Turns per-request token streams into text deltas (UTF-8 safe)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.states: dict[str, DecodeState] = {}
+        self._rust = rust_decoder(tokenizer)
 
     def _decode_many(self, seqs: list[list[int]], params: list[DecodeParams]) -> list[str]:
         """batch_decode, one call per distinct (skip_special, spaces_between) pair."""
         if self.tokenizer is None:  # skip_tokenizer_init: ids only
             return [""] * len(seqs)
+        if self._rust is not None:  # what batch_decode returns, without its Python layers
+            return [
+                self._rust.decode(ids, skip_special_tokens=p.skip_special_tokens)
+                for ids, p in zip(seqs, params)
+            ]
         groups: dict[tuple[bool, bool], list[int]] = {}
         for i, p in enumerate(params):
             key = (p.skip_special_tokens, p.spaces_between_special_tokens)
