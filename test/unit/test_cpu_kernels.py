@@ -558,3 +558,40 @@ def test_half_weights_under_float32_take_the_kernel_up_to_their_row_limit(native
     x = torch.randn(SMALL_M_MAX_ROWS + 1, 256)  # the same rows over a float32 weight: F.linear
     linear(x, w.float())
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rows,k,n", [(65, 256, 40), (13, 96, 7), (300, 64, 33), (1, 8, 1)])
+def test_linear_packed_matches_torch(kernels, w_dtype, rows, k, n):
+    """Panels of 2 vectors of columns (N tails zero-padded), tiles of rows (M tails),
+    strided x rows, with and without bias: F.linear over the widened weight."""
+    x = torch.randn(rows, 2 * k)[:, :k]
+    w = (torch.randn(n, k) / 8).to(w_dtype)
+    for bias in (None, torch.randn(n)):
+        out = torch.empty(rows, n)
+        kernels.linear_packed(out, x, w, bias)
+        torch.testing.assert_close(out, F.linear(x, w.float(), bias), atol=1e-4, rtol=1e-4)
+
+
+def test_linear_packed_refuses_mismatched_arguments(kernels):
+    x, w = torch.randn(4, 16), torch.randn(8, 16).bfloat16()
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.linear_packed(torch.empty(4, 8), x.double(), w)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kernels.linear_packed(torch.empty(4, 8), x, torch.randn(8, 32).bfloat16()[:, :16])
+    with pytest.raises(RuntimeError, match="bias"):
+        kernels.linear_packed(torch.empty(4, 8), x, w, torch.randn(8).bfloat16())
+
+
+def test_half_weights_past_the_small_m_rows_take_the_packed_kernel(native_kernels, monkeypatch):
+    """Past HALF_WEIGHT_MAX_ROWS a half weight under float32 is widened a panel at a time
+    by linear_packed, not whole by F.linear; a float32 weight keeps F.linear."""
+    calls = []
+    real = native_kernels.linear_packed
+    monkeypatch.setattr(native_kernels, "linear_packed", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    w, b = (torch.randn(24, 128) / 8).bfloat16(), torch.randn(24)
+    x = torch.randn(HALF_WEIGHT_MAX_ROWS + 3, 128)
+    torch.testing.assert_close(linear(x, w, b), F.linear(x, w.float(), b), atol=1e-4, rtol=1e-4)
+    assert calls == [HALF_WEIGHT_MAX_ROWS + 3]
+    linear(x, w.float(), b)
+    assert len(calls) == 1

@@ -24,6 +24,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_small_m", &sgl_cpu::linear_small_m,
         "out <- x @ w^T (+ bias), reading w once for all rows (decode-size M)",
         py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
+  m.def("linear_packed", &sgl_cpu::linear_packed,
+        "out <- x @ w^T (+ bias) for many rows over a bf16/fp16 (or float32) w, float32 x",
+        py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
   m.def("argmax_rows", &sgl_cpu::argmax_rows, "out <- argmax of each row (first max; NaN first)");
   m.attr("vector_isa") = kVectorIsa;  // the vector path the kernels were built with
 

@@ -26,8 +26,12 @@ at::Tensor DecoderLayer::linear(const at::Tensor& x, const at::Tensor& w,
     linear_small_m(out, x, w, bias);
     return out;
   }
-  const at::Tensor wx = w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type());
-  return at::linear(x, wx, bias);
+  if (half_w) {  // widened a panel at a time, not the whole weight per call
+    at::Tensor out = at::empty({rows, w.size(0)}, x.options());
+    linear_packed(out, x, w, bias);
+    return out;
+  }
+  return at::linear(x, w, bias);
 }
 
 // (q, k, v) [T, heads * D] each, q and k rotated (views of the qkv output, or new

@@ -20,4 +20,6 @@ void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
 void argmax_rows(at::Tensor& out, const at::Tensor& x);
 void linear_small_m(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                     const std::optional<at::Tensor>& bias);
+void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                   const std::optional<at::Tensor>& bias);
 }  // namespace sgl_cpu

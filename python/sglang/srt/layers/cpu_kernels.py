@@ -41,6 +41,7 @@ SOURCE_FILES = (
     "paged_attention.cpp",
     "argmax.cpp",
     "gemm.cpp",
+    "gemm_packed.cpp",
     "decoder_layer.cpp",
     "bindings.cpp",
 )

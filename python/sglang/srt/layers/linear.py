@@ -49,6 +49,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         cpu_kernels.load().linear_small_m(out, x, weight, bias)
         return out
     if weight.dtype != x.dtype:
+        if _takes_packed(x, weight, bias):
+            out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
+            cpu_kernels.load().linear_packed(out, x, weight, bias)
+            return out
         weight = weight.to(x.dtype)
     return F.linear(x, weight, bias)
 
@@ -61,6 +65,20 @@ def _takes_small_m(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         return False
     dtypes_ok = weight.dtype == x.dtype or half_under_float
     return dtypes_ok and (bias is None or bias.dtype == x.dtype) and cpu_kernels.usable(x)
+
+
+def _takes_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """A half weight under float32 past the small-M rows: the packed kernel widens it a
+    panel at a time instead of F.linear's whole-weight copy per call."""
+    return (
+        x.dim() == 2
+        and x.stride(1) == 1
+        and x.dtype == torch.float32
+        and weight.dtype in HALF_WEIGHT_DTYPES
+        and weight.is_contiguous()
+        and (bias is None or bias.dtype == torch.float32)
+        and cpu_kernels.usable(x)
+    )
 
 
 def small_m_rows(rows: int, width: int, half_under_float: bool) -> bool:
