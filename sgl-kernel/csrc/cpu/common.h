@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 
 namespace sgl_cpu {
 
@@ -83,6 +84,22 @@ inline void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
   TORCH_CHECK(t.dim() == 2, name, " must be 2-D [rows, width], got ", t.dim(), "-D");
   TORCH_CHECK(t.stride(1) == 1, name, " must have contiguous rows");
+}
+
+// A linear's out [M, N] (contiguous) and optional bias [N] (contiguous, x's dtype) for
+// x [M, K] and w [N, K]; returns whether the bias is present.
+inline bool check_linear_out_bias(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                                  const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) &&
+                  out.size(1) == w.size(0),
+              "out must be a contiguous [M, N]");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == w.size(0) &&
+                    bias->scalar_type() == x.scalar_type(),
+                "bias must be a contiguous [N] of x's dtype");
+  }
+  return has_bias;
 }
 
 }  // namespace sgl_cpu

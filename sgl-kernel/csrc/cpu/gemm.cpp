@@ -153,15 +153,7 @@ void linear_small_m(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   TORCH_CHECK((w.scalar_type() == x.scalar_type() || half_w_under_float) &&
                   out.scalar_type() == x.scalar_type(),
               "x, w and out must share one dtype (or float32 x and out over a bf16/fp16 w)");
-  TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) &&
-                  out.size(1) == w.size(0),
-              "out must be a contiguous [M, N]");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == w.size(0) &&
-                    bias->scalar_type() == x.scalar_type(),
-                "bias must be a contiguous [N] of x's dtype");
-  }
+  const bool has_bias = check_linear_out_bias(out, x, w, bias);
   const GemmCall call{x.size(0), w.size(0), x.size(1), x.stride(0)};
   if (call.m == 0 || call.n == 0) return;
   if (half_w_under_float) {

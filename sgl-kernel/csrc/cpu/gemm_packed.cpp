@@ -118,15 +118,7 @@ void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16 ||
                   w.scalar_type() == at::kHalf,
               "w must be float32, bfloat16 or float16");
-  TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) &&
-                  out.size(1) == w.size(0),
-              "out must be a contiguous [M, N]");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == w.size(0) &&
-                    bias->scalar_type() == at::kFloat,
-                "bias must be a contiguous float32 [N]");
-  }
+  const bool has_bias = check_linear_out_bias(out, x, w, bias);  // x is float32
   if (x.size(0) == 0 || w.size(0) == 0) return;
 #if defined(SGL_HAVE_VEC)
   const PackedCall call{x.size(0), w.size(0), x.size(1), x.stride(0),
