@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 namespace sgl_cpu {
 
@@ -78,6 +79,19 @@ inline float exp_f32(float x) {
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return y * scale;
+}
+
+// f(std::integral_constant<int, n>{}) for a runtime 0 < n <= R: a register tile's row
+// count as a template argument (the M tails of the matmul kernels).
+template <int R, typename F>
+inline void with_rows(int n, F&& f) {
+  if constexpr (R > 0) {
+    if (n == R) {
+      f(std::integral_constant<int, R>{});
+    } else {
+      with_rows<R - 1>(n, f);
+    }
+  }
 }
 
 inline void check_rows(const at::Tensor& t, const char* name) {

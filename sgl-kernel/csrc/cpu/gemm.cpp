@@ -96,16 +96,10 @@ void block4(const T* x, const W* w_rows, T* out, const T* bias, int64_t n0, cons
     tile4<T, W, kMaxXRows>(x + r * c.x_stride, w_rows, out + r * c.n, bias, n0, c, r == 0);
   }
   const bool prefetch = r == 0;  // the first pass over this block prefetches the next
-  const T* xr = x + r * c.x_stride;
-  T* outr = out + r * c.n;
-  switch (c.m - r) {
-    case 1: tile4<T, W, 1>(xr, w_rows, outr, bias, n0, c, prefetch); break;
-    case 2: tile4<T, W, 2>(xr, w_rows, outr, bias, n0, c, prefetch); break;
-    case 3: tile4<T, W, std::min(3, kMaxXRows)>(xr, w_rows, outr, bias, n0, c, prefetch); break;
-    case 4: tile4<T, W, std::min(4, kMaxXRows)>(xr, w_rows, outr, bias, n0, c, prefetch); break;
-    case 5: tile4<T, W, std::min(5, kMaxXRows)>(xr, w_rows, outr, bias, n0, c, prefetch); break;
-    default: break;
-  }
+  with_rows<kMaxXRows - 1>(int(c.m - r), [&](auto rows) {
+    tile4<T, W, decltype(rows)::value>(x + r * c.x_stride, w_rows, out + r * c.n, bias, n0, c,
+                                       prefetch);
+  });
 }
 #endif
 

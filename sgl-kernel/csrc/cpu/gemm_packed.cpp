@@ -70,19 +70,6 @@ void panel_tile(const float* x, const float* panel, float* out, int64_t n0, int6
   }
 }
 
-// panel_tile<rows> for 0 < rows <= R (the M tail).
-template <int R>
-void panel_tile_rows(int rows, const float* x, const float* panel, float* out, int64_t n0,
-                     int64_t cols, const PackedCall& c) {
-  if constexpr (R > 0) {
-    if (rows == R) {
-      panel_tile<R>(x, panel, out, n0, cols, c);
-    } else {
-      panel_tile_rows<R - 1>(rows, x, panel, out, n0, cols, c);
-    }
-  }
-}
-
 template <typename W>
 void run_packed(float* out, const float* x, const W* w, const PackedCall& c) {
   const int64_t panels = (c.n + kPanel - 1) / kPanel;
@@ -95,10 +82,10 @@ void run_packed(float* out, const float* x, const W* w, const PackedCall& c) {
       for (; r + kTileRows <= c.m; r += kTileRows) {
         panel_tile<kTileRows>(x + r * c.x_stride, panel.data(), out + r * c.n, n0, cols, c);
       }
-      if (r < c.m) {
-        panel_tile_rows<kTileRows - 1>(int(c.m - r), x + r * c.x_stride, panel.data(),
-                                       out + r * c.n, n0, cols, c);
-      }
+      with_rows<kTileRows - 1>(int(c.m - r), [&](auto rows) {
+        panel_tile<decltype(rows)::value>(x + r * c.x_stride, panel.data(), out + r * c.n, n0,
+                                          cols, c);
+      });
     }
   });
 }

@@ -42,43 +42,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """F.linear; on CPU a decode-size batch takes our kernel, which reads each weight row
     once for all rows (MKL re-reads the [out, in] weight per row at small M). A weight
     kept in a half checkpoint's dtype under float32 compute (see
-    `model_loader.loader.half_weight_dtype`) is widened: by the kernel as it loads it, or
-    here for the other calls."""
-    if _takes_small_m(x, weight, bias):
+    `model_loader.loader.half_weight_dtype`) is widened by our kernels as they load it
+    (see `_kernel_for`), or here when neither serves the call."""
+    kernel = _kernel_for(x, weight, bias)
+    if kernel is not None:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        cpu_kernels.load().linear_small_m(out, x, weight, bias)
+        kernel(out, x, weight, bias)
         return out
     if weight.dtype != x.dtype:
-        if _takes_packed(x, weight, bias):
-            out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-            cpu_kernels.load().linear_packed(out, x, weight, bias)
-            return out
         weight = weight.to(x.dtype)
     return F.linear(x, weight, bias)
 
 
-def _takes_small_m(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """Our kernel for this call, or None: linear_small_m for the rows `small_m_rows`
+    gives it; past them, linear_packed for a half weight under float32 (it widens a
+    panel at a time instead of F.linear's whole-weight copy per call)."""
     if x.dim() != 2 or x.stride(1) != 1 or not weight.is_contiguous():
-        return False
+        return None
     half_under_float = x.dtype == torch.float32 and weight.dtype in HALF_WEIGHT_DTYPES
-    if not small_m_rows(x.shape[0], x.shape[1], half_under_float):
-        return False
     dtypes_ok = weight.dtype == x.dtype or half_under_float
-    return dtypes_ok and (bias is None or bias.dtype == x.dtype) and cpu_kernels.usable(x)
-
-
-def _takes_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """A half weight under float32 past the small-M rows: the packed kernel widens it a
-    panel at a time instead of F.linear's whole-weight copy per call."""
-    return (
-        x.dim() == 2
-        and x.stride(1) == 1
-        and x.dtype == torch.float32
-        and weight.dtype in HALF_WEIGHT_DTYPES
-        and weight.is_contiguous()
-        and (bias is None or bias.dtype == torch.float32)
-        and cpu_kernels.usable(x)
-    )
+    if not dtypes_ok or (bias is not None and bias.dtype != x.dtype) or not cpu_kernels.usable(x):
+        return None
+    if small_m_rows(x.shape[0], x.shape[1], half_under_float):
+        return cpu_kernels.load().linear_small_m
+    return cpu_kernels.load().linear_packed if half_under_float else None
 
 
 def small_m_rows(rows: int, width: int, half_under_float: bool) -> bool:
