@@ -18,6 +18,7 @@ torch's extension cache.
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -595,3 +596,35 @@ def test_half_weights_past_the_small_m_rows_take_the_packed_kernel(native_kernel
     assert calls == [HALF_WEIGHT_MAX_ROWS + 3]
     linear(x, w.float(), b)
     assert len(calls) == 1
+
+
+def test_a_build_killed_midway_does_not_hang_the_next_start(native_kernels):
+    """A process killed while building leaves torch's baton file, on which torch's own
+    loader waits forever; the next load removes it and loads the cached build."""
+    build_dir = cpu_kernels.build_directory(cpu_kernels.source_dir(), cpu_kernels.CFLAGS)
+    baton = build_dir / cpu_kernels.TORCH_BATON
+    baton.touch()
+    loaded: list = []
+    worker = threading.Thread(
+        target=lambda: loaded.append(
+            cpu_kernels._compile(cpu_kernels.source_dir(), cpu_kernels.CFLAGS)
+        ),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(timeout=120)
+    assert loaded, "loading waited on the stale baton"
+    assert not baton.exists()
+    assert loaded[0].vector_isa == native_kernels.vector_isa
+
+
+def test_checkouts_build_apart(tmp_path):
+    """Two source directories (a worktree, CI's clone) never share a build directory:
+    torch rebuilds a name whose source paths changed."""
+    other = tmp_path / "cpu"
+    other.mkdir()
+    for name in cpu_kernels.SOURCE_FILES + cpu_kernels.HEADER_FILES:
+        (other / name).write_bytes((cpu_kernels.source_dir() / name).read_bytes())
+    ours = cpu_kernels.build_directory(cpu_kernels.source_dir(), cpu_kernels.CFLAGS)
+    theirs = cpu_kernels.build_directory(other, cpu_kernels.CFLAGS)
+    assert ours != theirs and ours.parent == theirs.parent

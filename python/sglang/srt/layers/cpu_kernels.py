@@ -16,6 +16,7 @@ The attention backend limits its kernel to extends of a few tokens (decode, veri
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -47,6 +48,7 @@ SOURCE_FILES = (
 )
 HEADER_FILES = ("common.h", "vec.h", "kernels.h", "decoder_layer.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  # part of the cache key
+TORCH_BATON = "lock"  # torch.utils.file_baton's file in the build directory
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -106,13 +108,48 @@ def _compile(src: Path, cflags: tuple[str, ...]) -> ModuleType:
     _put_venv_ninja_on_path()
     from torch.utils import cpp_extension  # start-up cost: only when kernels are built
 
-    return cpp_extension.load(
-        name=_extension_name(src, cflags),
-        sources=[str(src / f) for f in SOURCE_FILES],
-        extra_cflags=list(cflags),
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
-    )
+    build_dir = build_directory(src, cflags)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive_build(build_dir):
+        return cpp_extension.load(
+            name=build_dir.name,
+            sources=[str(src / f) for f in SOURCE_FILES],
+            extra_cflags=list(cflags),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build_dir),
+            verbose=False,
+        )
+
+
+def build_directory(src: Path, cflags: tuple[str, ...]) -> Path:
+    """Where the build of `src` with `cflags` lives: one directory per extension name
+    in torch's extension cache."""
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / _extension_name(src, cflags)
+
+
+@contextlib.contextmanager
+def _exclusive_build(build_dir: Path) -> Iterator[None]:
+    """One process at a time builds or loads `build_dir`, under an flock the kernel drops
+    when its holder dies.
+
+    torch serializes builders with a baton file (`lock`) that it deletes when a build
+    ends, and waits without a timeout while it exists: a process killed mid-build (a
+    Ctrl-C during a first start, a test's SIGKILL) leaves it behind and every later start
+    hangs. Under the flock no live builder owns a baton, so one found there is stale."""
+    with open(build_dir / "sglang-build.flock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process building the CPU kernels in %s", build_dir)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        baton = build_dir / TORCH_BATON
+        if baton.exists():
+            logger.warning("removing %s left by a build that did not finish", baton)
+            baton.unlink(missing_ok=True)
+        yield  # the flock goes with the file's close
 
 
 def _put_venv_ninja_on_path() -> None:
@@ -132,6 +169,9 @@ def _extension_name(src: Path, cflags: tuple[str, ...]) -> str:
     digest.update(" ".join(cflags).encode())
     digest.update(_cpu_flags().encode())
     digest.update(torch.__version__.encode())
+    # Two checkouts (another worktree, CI's clone) get their own builds: torch rebuilds a
+    # name whose source paths changed, so a shared name would rebuild on every switch.
+    digest.update(str(src).encode())
     return f"sgl_kernel_cpu_{digest.hexdigest()[:16]}"
 
 

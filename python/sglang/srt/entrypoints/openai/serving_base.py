@@ -11,7 +11,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import Request
@@ -27,6 +27,7 @@ from sglang.srt.entrypoints.openai.sampling import (
     openai_param,
     sampling_params,
 )
+from sglang.srt.entrypoints.openai.stream_chunks import stamp_usage
 from sglang.srt.entrypoints.openai.usage import usage_of
 
 if TYPE_CHECKING:
@@ -39,7 +40,6 @@ CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request"; nobody reads it
 MODEL_ALIASES = ("default",)
 # prompts x n of one HTTP request: each is a concurrent generation (docs/api.md "Limits")
 MAX_CHOICES_PER_REQUEST = 1024
-ChunkT = TypeVar("ChunkT", bound=BaseModel)
 
 
 def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
@@ -199,7 +199,7 @@ class OpenAIServingBase(ABC):
 
     async def stream_chunks(
         self, request: Any, prepared: Prepared, fanout: ChoiceFanout
-    ) -> AsyncIterator[BaseModel]:
+    ) -> AsyncIterator[BaseModel | dict[str, Any]]:
         states = [ChoiceStream() for _ in prepared.objs]
         usage = StreamUsage(request, prepared)
         async for event in fanout.events():
@@ -229,8 +229,9 @@ class OpenAIServingBase(ABC):
         index: int,
         state: ChoiceStream,
         output: dict[str, Any],
-    ) -> Iterator[BaseModel]:
-        """The chunks of choice `index` for its latest cumulative `output`."""
+    ) -> Iterator[dict[str, Any]]:
+        """The chunks of choice `index` for its latest cumulative `output`, as
+        `stream_chunks` dicts (the dump of the route's chunk model)."""
 
 
 @dataclass
@@ -270,7 +271,5 @@ class StreamUsage:
     def usage(self) -> UsageInfo:
         return usage_of(self._metas, self._n)
 
-    def stamp(self, chunk: ChunkT) -> ChunkT:
-        if self.continuous:
-            chunk.usage = self.usage()
-        return chunk
+    def stamp(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        return stamp_usage(chunk, self.usage()) if self.continuous else chunk

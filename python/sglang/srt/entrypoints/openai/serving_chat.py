@@ -28,7 +28,6 @@ from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
     ChatLogProbs,
     DeltaMessage,
@@ -40,6 +39,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     new_request_id,
     plan_choices,
 )
+from sglang.srt.entrypoints.openai.stream_chunks import chat_chunk
 from sglang.srt.entrypoints.openai.usage import finish_reason_of
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.parser.chat_template import ChatTemplateError, render_chat
@@ -167,10 +167,11 @@ class OpenAIServingChat(OpenAIServingBase):
         index: int,
         state: ChoiceStream,
         output: dict[str, Any],
-    ) -> Iterator[ChatCompletionStreamResponse]:
+    ) -> Iterator[dict[str, Any]]:
+        rid, model = prepared.request_id, request.model
         if not state.started:
             state.started = True
-            yield self._chunk(prepared, request, index, DeltaMessage(role="assistant", content=""))
+            yield chat_chunk(rid, model, index, DeltaMessage(role="assistant", content=""))
         meta = output["meta_info"]
         stream = prepared.streams[index]
         deltas = stream.feed(state.take_text(output["text"]))
@@ -181,24 +182,8 @@ class OpenAIServingChat(OpenAIServingBase):
         if logprobs is not None and logprobs.content and not deltas:
             deltas = [DeltaMessage(content="")]
         for i, delta in enumerate(deltas):
-            yield self._chunk(prepared, request, index, delta, logprobs if i == 0 else None)
+            yield chat_chunk(rid, model, index, delta, logprobs if i == 0 else None)
         if finish_reason is not None:
             if stream.made_calls and finish_reason == "stop":
                 finish_reason, matched = "tool_calls", None
-            chunk = self._chunk(prepared, request, index, DeltaMessage())
-            chunk.choices[0].finish_reason = finish_reason
-            chunk.choices[0].matched_stop = matched
-            yield chunk
-
-    @staticmethod
-    def _chunk(
-        prepared: Prepared,
-        request: ChatCompletionRequest,
-        index: int,
-        delta: DeltaMessage,
-        logprobs: ChatLogProbs | None = None,
-    ) -> ChatCompletionStreamResponse:
-        choice = ChatCompletionStreamChoice(index=index, delta=delta, logprobs=logprobs)
-        return ChatCompletionStreamResponse(
-            id=prepared.request_id, model=request.model, choices=[choice]
-        )
+            yield chat_chunk(rid, model, index, DeltaMessage(), None, finish_reason, matched)

@@ -21,7 +21,6 @@ from sglang.srt.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
-    CompletionStreamChoice,
     CompletionStreamResponse,
 )
 from sglang.srt.entrypoints.openai.serving_base import (
@@ -32,6 +31,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     plan_choices,
     prompt_fields,
 )
+from sglang.srt.entrypoints.openai.stream_chunks import completion_chunk
 from sglang.srt.entrypoints.openai.usage import finish_reason_of
 from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -146,7 +146,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         index: int,
         state: ChoiceStream,
         output: dict[str, Any],
-    ) -> Iterator[CompletionStreamResponse]:
+    ) -> Iterator[dict[str, Any]]:
         meta = output["meta_info"]
         echo = "" if state.started else self._echo(prepared, index)
         logprobs = self._stream_logprobs(request, meta, state, len(echo))
@@ -155,12 +155,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
         finish_reason, matched = finish_reason_of(meta)
         if not (text or first or finish_reason or (logprobs and logprobs.tokens)):
             return
-        choice = CompletionStreamChoice(
-            index=index, text=text, logprobs=logprobs, finish_reason=finish_reason,
-            matched_stop=matched,
-        )  # fmt: skip
-        yield CompletionStreamResponse(
-            id=prepared.request_id, model=request.model, choices=[choice]
+        yield completion_chunk(
+            prepared.request_id, request.model, index, text, logprobs, finish_reason, matched
         )
 
     def _stream_logprobs(
