@@ -26,6 +26,9 @@ namespace {
 constexpr int64_t kPanel = 2 * kVecWidth;  // output columns per panel: two vectors
 // rows per tile: 2 x kTileRows accumulators + 2 W vectors + 1 x broadcast registers
 constexpr int kTileRows = kVecRegisters == 32 ? 12 : 6;
+// panel rows per K block: 16 KiB of panel on AVX-512 (8 KiB on AVX2) beside a tile's x
+constexpr int64_t kKBlock = 128;
+constexpr int64_t kXBlockBytes = 256 << 10;  // see m_block_rows
 
 struct PackedCall {
   int64_t m, n, k, x_stride;
@@ -33,26 +36,42 @@ struct PackedCall {
 };
 
 // panel [K, kPanel] <- W rows n0 .. n0 + cols, widened and transposed; columns past
-// `cols` are zero (the N tail).
+// `cols` are zero (the N tail). Square blocks of kVecWidth rows x kVecWidth k go through
+// registers (vtranspose): a scalar loop writing the panel a column at a time cost as much
+// as the multiply-adds of a 32-row call.
 template <typename W>
 void pack_panel(float* panel, const W* w, int64_t n0, int64_t cols, int64_t k) {
-  for (int64_t j = 0; j < kPanel; ++j) {
-    if (j >= cols) {
-      for (int64_t kk = 0; kk < k; ++kk) panel[kk * kPanel + j] = 0.f;
-      continue;
+  const int64_t k_vec = k - k % kVecWidth;
+  vfloat block[kVecWidth];
+  for (int64_t half = 0; half < kPanel; half += kVecWidth) {
+    for (int64_t k0 = 0; k0 < k_vec; k0 += kVecWidth) {
+      for (int64_t j = 0; j < kVecWidth; ++j) {
+        block[j] = half + j < cols ? vload(w + (n0 + half + j) * k + k0) : vzero();
+      }
+      vtranspose(block);
+      for (int64_t t = 0; t < kVecWidth; ++t) vstore(panel + (k0 + t) * kPanel + half, block[t]);
     }
-    const W* row = w + (n0 + j) * k;
-    for (int64_t kk = 0; kk < k; ++kk) panel[kk * kPanel + j] = static_cast<float>(row[kk]);
+  }
+  for (int64_t j = 0; j < kPanel; ++j) {  // the K tail
+    for (int64_t kk = k_vec; kk < k; ++kk) {
+      panel[kk * kPanel + j] = j < cols ? static_cast<float>(w[(n0 + j) * k + kk]) : 0.f;
+    }
   }
 }
 
-// out rows [0, R) x columns [n0, n0 + cols) <- x rows [0, R) over the packed panel.
+// out rows [0, R) x columns [n0, n0 + cols) (+)= x rows [0, R) over panel rows [k0, k1):
+// the first K block starts the sums, later ones add to what `out` holds, the last adds the
+// bias. A partial panel (the N tail, cols < kPanel) comes in one block.
 template <int R>
 void panel_tile(const float* x, const float* panel, float* out, int64_t n0, int64_t cols,
-                const PackedCall& c) {
+                const PackedCall& c, int64_t k0, int64_t k1) {
+  const bool first = k0 == 0, last = k1 == c.k;
   vfloat lo[R], hi[R];
-  for (int r = 0; r < R; ++r) lo[r] = hi[r] = vzero();
-  for (int64_t kk = 0; kk < c.k; ++kk) {
+  for (int r = 0; r < R; ++r) {
+    lo[r] = first ? vzero() : vload(out + r * c.n + n0);
+    hi[r] = first ? vzero() : vload(out + r * c.n + n0 + kVecWidth);
+  }
+  for (int64_t kk = k0; kk < k1; ++kk) {
     const vfloat w_lo = vload(panel + kk * kPanel);
     const vfloat w_hi = vload(panel + kk * kPanel + kVecWidth);
     for (int r = 0; r < R; ++r) {
@@ -60,6 +79,16 @@ void panel_tile(const float* x, const float* panel, float* out, int64_t n0, int6
       lo[r] = vfma(xv, w_lo, lo[r]);
       hi[r] = vfma(xv, w_hi, hi[r]);
     }
+  }
+  if (cols == kPanel) {  // a whole panel: vector stores (bias added as vectors)
+    const bool bias = last && c.bias != nullptr;
+    const vfloat b_lo = bias ? vload(c.bias + n0) : vzero();
+    const vfloat b_hi = bias ? vload(c.bias + n0 + kVecWidth) : vzero();
+    for (int r = 0; r < R; ++r) {
+      vstore(out + r * c.n + n0, vadd(lo[r], b_lo));
+      vstore(out + r * c.n + n0 + kVecWidth, vadd(hi[r], b_hi));
+    }
+    return;
   }
   alignas(64) float row[kPanel];
   for (int r = 0; r < R; ++r) {
@@ -70,22 +99,46 @@ void panel_tile(const float* x, const float* panel, float* out, int64_t n0, int6
   }
 }
 
+// x rows per M block: a block of x (<= kXBlockBytes) stays in L2 while the thread's
+// panels pass over it; past it (a 2048-row prefill chunk is 2 MiB of x at K = 256) every
+// panel would stream all of x from L3. A panel is packed again for each M block.
+int64_t m_block_rows(const PackedCall& c) {
+  const int64_t rows = kXBlockBytes / (c.k * int64_t(sizeof(float)));
+  return std::max<int64_t>(kTileRows, rows - rows % kTileRows);
+}
+
+// Panels [begin, end) for x rows [m0, m1).
+template <typename W>
+void run_panels(float* out, const float* x, const W* w, const PackedCall& c, float* panel,
+                int64_t begin, int64_t end, int64_t m0, int64_t m1) {
+  for (int64_t p = begin; p < end; ++p) {
+    const int64_t n0 = p * kPanel, cols = std::min(kPanel, c.n - n0);
+    pack_panel(panel, w, n0, cols, c.k);
+    // K blocks of kKBlock panel rows: each stays in L1 while every tile of x passes
+    // over it (a whole K = 256 panel plus a tile's x rows is more than L1 holds).
+    const int64_t k_block = cols == kPanel ? kKBlock : c.k;
+    for (int64_t k0 = 0; k0 < c.k; k0 += k_block) {
+      const int64_t k1 = std::min(c.k, k0 + k_block);
+      int64_t r = m0;
+      for (; r + kTileRows <= m1; r += kTileRows) {
+        panel_tile<kTileRows>(x + r * c.x_stride, panel, out + r * c.n, n0, cols, c, k0, k1);
+      }
+      with_rows<kTileRows - 1>(int(m1 - r), [&](auto rows) {
+        panel_tile<decltype(rows)::value>(x + r * c.x_stride, panel, out + r * c.n, n0, cols,
+                                          c, k0, k1);
+      });
+    }
+  }
+}
+
 template <typename W>
 void run_packed(float* out, const float* x, const W* w, const PackedCall& c) {
   const int64_t panels = (c.n + kPanel - 1) / kPanel;
+  const int64_t m_block = m_block_rows(c);
   at::parallel_for(0, panels, grain_for(kPanel * c.k * c.m), [&](int64_t begin, int64_t end) {
     std::vector<float> panel(c.k * kPanel);
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n0 = p * kPanel, cols = std::min(kPanel, c.n - n0);
-      pack_panel(panel.data(), w, n0, cols, c.k);
-      int64_t r = 0;
-      for (; r + kTileRows <= c.m; r += kTileRows) {
-        panel_tile<kTileRows>(x + r * c.x_stride, panel.data(), out + r * c.n, n0, cols, c);
-      }
-      with_rows<kTileRows - 1>(int(c.m - r), [&](auto rows) {
-        panel_tile<decltype(rows)::value>(x + r * c.x_stride, panel.data(), out + r * c.n, n0,
-                                          cols, c);
-      });
+    for (int64_t m0 = 0; m0 < c.m; m0 += m_block) {
+      run_panels(out, x, w, c, panel.data(), begin, end, m0, std::min(c.m, m0 + m_block));
     }
   });
 }

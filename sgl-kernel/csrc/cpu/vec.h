@@ -93,6 +93,35 @@ inline __m128 vreduce4(vfloat a, vfloat b, vfloat c, vfloat d) {
   return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
 
+// rows[i][j] <- rows[j][i]: a 16 x 16 float block transposed in registers (64 shuffles).
+inline void vtranspose(vfloat* rows) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {  // 32-bit interleave of row pairs
+    t[i] = _mm512_unpacklo_ps(rows[i], rows[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(rows[i], rows[i + 1]);
+  }
+  // u[4g + c], lane l: column 4l + c of rows 4g .. 4g + 3
+  __m512 u[16];
+  for (int g = 0; g < 16; g += 4) {
+    const __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
+    const __m512d c = _mm512_castps_pd(t[g + 2]), d = _mm512_castps_pd(t[g + 3]);
+    u[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int c = 0; c < 4; ++c) {  // gather lane l of u[c], u[4 + c], u[8 + c], u[12 + c]
+    const __m512 x_lo = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+    const __m512 x_hi = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+    const __m512 y_lo = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 y_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    rows[c] = _mm512_shuffle_f32x4(x_lo, y_lo, 0x88);
+    rows[4 + c] = _mm512_shuffle_f32x4(x_lo, y_lo, 0xDD);
+    rows[8 + c] = _mm512_shuffle_f32x4(x_hi, y_hi, 0x88);
+    rows[12 + c] = _mm512_shuffle_f32x4(x_hi, y_hi, 0xDD);
+  }
+}
+
 #else  // AVX2 + FMA + F16C
 #define SGL_VEC_ISA "avx2"
 using vfloat = __m256;
@@ -162,6 +191,25 @@ inline __m128 vreduce4(vfloat a, vfloat b, vfloat c, vfloat d) {
   const __m256 cd = _mm256_hadd_ps(c, d);
   const __m256 abcd = _mm256_hadd_ps(ab, cd);  // [a0-3 b0-3 c0-3 d0-3 | a4-7 ...]
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// rows[i][j] <- rows[j][i]: an 8 x 8 float block transposed in registers (24 shuffles).
+inline void vtranspose(vfloat* rows) {
+  __m256 t[8], s[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(rows[i], rows[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(rows[i], rows[i + 1]);
+  }
+  for (int g = 0; g < 8; g += 4) {
+    s[g] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
+    s[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xEE);
+    s[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+    s[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) {
+    rows[c] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x20);
+    rows[4 + c] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x31);
+  }
 }
 #endif
 

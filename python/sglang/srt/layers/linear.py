@@ -20,12 +20,14 @@ from sglang.srt.layers import cpu_kernels
 # 1.0-1.9x at 128; 256-wide ones only up to 16 rows (slower past 32). Over bf16 weights
 # the kernel reads half the bytes and F.linear must widen them first (a copy of the
 # whole weight per call), so a half weight under float32 takes the kernel up to
-# HALF_WEIGHT_MAX_ROWS rows whatever its width: demo-model shapes at 32-64 rows, 2
-# threads, weights from memory, AVX2: 1.0-2.2x widen + F.linear (benchmark/RESULTS.md).
+# HALF_WEIGHT_MAX_ROWS rows whatever its width, and linear_packed past them (a panel
+# widened at a time): on demo-model shapes at 2 threads linear_packed is 1.0-1.4x faster
+# than linear_small_m from 32 rows and 2-4x faster than widen + F.linear at 32-64
+# (AVX-512 Xeon, benchmark/RESULTS.md).
 SMALL_M_MAX_ROWS = 16
 LONG_K = 1024
 LONG_K_MAX_ROWS = 128
-HALF_WEIGHT_MAX_ROWS = 64
+HALF_WEIGHT_MAX_ROWS = 24
 HALF_WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 
 
