@@ -30,6 +30,7 @@ from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     HALF_WEIGHT_MAX_ROWS,
     LONG_K,
+    PACKED_MAX_ROWS_AVX512,
     SMALL_M_MAX_ROWS,
     ColumnParallelLinear,
     linear,
@@ -601,6 +602,11 @@ def test_half_weights_past_the_small_m_rows_take_the_packed_kernel(native_kernel
     assert calls == [HALF_WEIGHT_MAX_ROWS + 3]
     linear(x, w.float(), b)
     assert len(calls) == 1
+    # prefill-size calls: MKL over the widened weight on AVX-512, linear_packed elsewhere
+    big = torch.randn(PACKED_MAX_ROWS_AVX512 + 1, 128)
+    torch.testing.assert_close(linear(big, w, b), F.linear(big, w.float(), b), atol=1e-4, rtol=1e-4)
+    expected = [] if native_kernels.vector_isa == "avx512" else [PACKED_MAX_ROWS_AVX512 + 1]
+    assert calls[1:] == expected
 
 
 def test_a_build_killed_midway_does_not_hang_the_next_start(native_kernels):
