@@ -124,7 +124,7 @@ def _compile(src: Path, cflags: tuple[str, ...]) -> ModuleType:
 def build_directory(src: Path, cflags: tuple[str, ...]) -> Path:
     """Where the build of `src` with `cflags` lives: one directory per extension name
     in torch's extension cache."""
-    from torch.utils import cpp_extension
+    from torch.utils import cpp_extension  # start-up cost, as in _compile
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     return Path(root) / _extension_name(src, cflags)
