@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,7 +50,7 @@ def kernels(request):
     and aarch64 run."""
     if request.param == "scalar":
         module = cpu_kernels.build_scalar()
-        assert module.vector_isa == "scalar"
+        assert module.vector_isa == "scalar" and not module.bf16_dot
         return module
     return _native()
 
@@ -639,3 +640,19 @@ def test_checkouts_build_apart(tmp_path):
     ours = cpu_kernels.build_directory(cpu_kernels.source_dir(), cpu_kernels.CFLAGS)
     theirs = cpu_kernels.build_directory(other, cpu_kernels.CFLAGS)
     assert ours != theirs and ours.parent == theirs.parent
+
+
+def test_native_build_takes_the_bf16_dot_product_where_the_cpu_has_it(native_kernels):
+    """bf16 x bf16 decode linears use vdpbf16ps on CPUs with avx512_bf16 (the dtype auto
+    rule keeps bf16 on AMD ones); the portable build and other CPUs widen to float32."""
+    flags = _cpu_flags()
+    assert native_kernels.bf16_dot == ("avx512f" in flags and "avx512_bf16" in flags)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())

@@ -1,6 +1,7 @@
-"""dtype auto on cpu: a bf16/fp16 checkpoint keeps its dtype only where the CPU has
-AMX matmuls for it (read from /proc/cpuinfo flags), float32 elsewhere: the AVX-512
-bf16/fp16 dot products alone are slower than float32 through torch's linear."""
+"""dtype auto on cpu: a bf16/fp16 checkpoint keeps its dtype only where the CPU runs its
+matmuls natively and faster than float32 (read from /proc/cpuinfo): AMX on any vendor, or
+for bf16 the AVX-512 bf16 dot product on AMD; float32 elsewhere (an Intel Xeon with
+avx512_bf16 but no AMX ran torch's bf16 linear slower than float32)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ import pytest
 
 from sglang.srt.arg_groups import resolvers
 
-XEON_NO_BF16 = "flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni\n"
-EPYC_BF16 = "flags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
-XEON_BF16_NO_AMX = "flags\t\t: fpu avx512f avx512_bf16 avx512_fp16 avx512_vnni\n"
-SPR_AMX = "flags\t\t: fpu avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_fp16 amx_tile\n"
+INTEL = "vendor_id\t: GenuineIntel\n"
+AMD = "vendor_id\t: AuthenticAMD\n"
+XEON_NO_BF16 = INTEL + "flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni\n"
+EPYC_BF16 = AMD + "flags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
+EPYC_AVX2 = AMD + "flags\t\t: fpu sse2 avx2 fma f16c\n"
+XEON_BF16_NO_AMX = INTEL + "flags\t\t: fpu avx512f avx512_bf16 avx512_fp16 avx512_vnni\n"
+SPR_AMX = INTEL + "flags\t\t: fpu avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_fp16 amx_tile\n"
 
 
 def _checkpoint(tmp_path: Path, dtype: str) -> str:
@@ -37,8 +41,10 @@ def _resolve(tmp_path, monkeypatch, dtype: str, cpuinfo: str, device: str = "cpu
     "checkpoint,cpuinfo,expected",
     [
         ("bfloat16", XEON_NO_BF16, "float32"),
-        ("bfloat16", EPYC_BF16, "float32"),  # avx512_bf16 without AMX: float32 is faster
-        ("bfloat16", XEON_BF16_NO_AMX, "float32"),
+        ("bfloat16", EPYC_BF16, "bfloat16"),  # Zen 4+: bf16 dot products beat float32
+        ("float16", EPYC_BF16, "float32"),  # no fp16 matmuls there
+        ("bfloat16", EPYC_AVX2, "float32"),  # Zen 1-3: no bf16 instructions
+        ("bfloat16", XEON_BF16_NO_AMX, "float32"),  # Intel without AMX: float32 is faster
         ("float16", XEON_BF16_NO_AMX, "float32"),
         ("float16", SPR_AMX, "float16"),
         ("bfloat16", SPR_AMX, "bfloat16"),
@@ -46,7 +52,7 @@ def _resolve(tmp_path, monkeypatch, dtype: str, cpuinfo: str, device: str = "cpu
         ("bfloat16", "", "float32"),  # no flags line (not x86): float32
     ],
 )
-def test_cpu_keeps_half_only_with_amx(
+def test_cpu_keeps_half_only_where_native_is_faster(
     tmp_path, monkeypatch, checkpoint, cpuinfo, expected
 ):
     assert _resolve(tmp_path, monkeypatch, checkpoint, cpuinfo) == expected
@@ -63,3 +69,8 @@ def test_explicit_dtype_is_not_resolved(tmp_path):
 
 def test_unreadable_cpuinfo_means_no_native_half(tmp_path):
     assert resolvers.cpu_native_half_flags("bfloat16", tmp_path / "missing") == ""
+
+
+def test_the_log_names_what_was_looked_for():
+    assert resolvers.native_half_flags_wanted("bfloat16") == "amx_bf16, or avx512_bf16 on AuthenticAMD"
+    assert resolvers.native_half_flags_wanted("float16") == "amx_fp16"

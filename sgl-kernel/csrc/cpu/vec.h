@@ -28,6 +28,9 @@ constexpr bool kHasVecLoad = std::is_same_v<T, float> || std::is_same_v<T, c10::
 
 #if defined(__AVX512F__)
 #define SGL_VEC_ISA "avx512"
+#if defined(__AVX512BF16__)
+#define SGL_HAVE_BF16_DOT 1  // vdpbf16ps: bf16 pairs multiplied into float32 lanes
+#endif
 using vfloat = __m512;
 constexpr int64_t kVecWidth = 16;     // floats per vector
 constexpr int kVecRegisters = 32;     // zmm registers: sizes register tiles

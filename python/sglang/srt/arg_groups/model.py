@@ -39,7 +39,7 @@ class ModelArgs:
         "auto",
         "Weight and activation dtype. 'auto' takes config.json's dtype; on cpu a bf16/fp16 "
         "checkpoint runs in float32 unless the CPU has AMX bf16/fp16 matmuls "
-        "(amx_bf16, amx_fp16).",
+        "(amx_bf16, amx_fp16) or, for bf16 on AMD, the AVX-512 bf16 dot product (avx512_bf16).",
         choices=DTYPE_CHOICES,
     )
     context_length: int | None = arg(

@@ -29,14 +29,16 @@ Resolved = tuple[str, dict[str, Any]] | None
 Resolver = Callable[[Any], Resolved]
 
 HALF_DTYPES = ("float16", "bfloat16", "half")
-# /proc/cpuinfo flags under which a half-precision checkpoint keeps its dtype on CPU: AMX
-# tiles, with which oneDNN runs bf16 (fp16) GEMMs several times faster than float32. The
-# AVX-512 dot-product instructions alone (avx512_bf16, avx512_fp16) do not pay: measured on
-# a Xeon with avx512_bf16/avx512_fp16 but no AMX, torch's bf16 linear was 1.1-3.6x slower
-# than float32 at decode sizes (M 1-32) and 1.4-1.6x slower at M 256 (benchmark/RESULTS.md)
+# /proc/cpuinfo flags under which a half-precision checkpoint keeps its dtype on CPU, by
+# vendor_id ("*": any vendor). AMX tiles: oneDNN runs bf16 (fp16) GEMMs several times faster
+# than float32. avx512_bf16 on AMD (Zen 4+): oneDNN's bf16 GEMM ran 370-420 GFLOP/s against
+# MKL float32's 90-160 at 128-2048 rows, and our small-M kernel takes the bf16 dot product
+# for decode (demo model decode step 1.3-1.6x float32's time at batch 8-128 the other way,
+# prefill 1.6x; benchmark/RESULTS.md). On an Intel Xeon with avx512_bf16/avx512_fp16 but no
+# AMX, torch's bf16 linear was 1.4-1.6x slower than float32 at 256 rows, so Intel needs AMX.
 NATIVE_HALF_CPU_FLAGS = {
-    "bfloat16": ("amx_bf16",),
-    "float16": ("amx_fp16",),
+    "bfloat16": {"*": ("amx_bf16",), "AuthenticAMD": ("avx512_bf16",)},
+    "float16": {"*": ("amx_fp16",)},
 }
 
 
@@ -136,7 +138,7 @@ def resolve_dtype(c: Any) -> Resolved:
             logger.info(
                 "dtype auto: checkpoint is %s, running float32 on cpu (no %s)",
                 dtype,
-                "/".join(NATIVE_HALF_CPU_FLAGS[dtype]),
+                native_half_flags_wanted(dtype),
             )
             dtype = "float32"
     return "dtype_auto", {"dtype": dtype}
@@ -149,9 +151,23 @@ def cpu_native_half_flags(dtype: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> 
         text = cpuinfo.read_text()
     except OSError:
         return ""
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    flags = set(line.partition(":")[2].split())
-    return " ".join(f for f in NATIVE_HALF_CPU_FLAGS.get(dtype, ()) if f in flags)
+    fields = dict(
+        (key.strip(), value.strip())
+        for key, _, value in (ln.partition(":") for ln in text.splitlines())
+    )
+    flags = set(fields.get("flags", "").split())
+    by_vendor = NATIVE_HALF_CPU_FLAGS.get(dtype, {})
+    wanted = (*by_vendor.get("*", ()), *by_vendor.get(fields.get("vendor_id", ""), ()))
+    return " ".join(f for f in wanted if f in flags)
+
+
+def native_half_flags_wanted(dtype: str) -> str:
+    """What `cpu_native_half_flags` looks for, for the log: 'amx_bf16, or avx512_bf16 on
+    AuthenticAMD'."""
+    by_vendor = NATIVE_HALF_CPU_FLAGS.get(dtype, {})
+    parts = ["/".join(by_vendor.get("*", ()))]
+    parts += [f"{'/'.join(f)} on {vendor}" for vendor, f in by_vendor.items() if vendor != "*"]
+    return ", or ".join(p for p in parts if p)
 
 
 def resolve_attention_backend(c: Any) -> Resolved:

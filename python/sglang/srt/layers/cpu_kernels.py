@@ -91,8 +91,9 @@ def _build() -> ModuleType | None:
         logger.warning("CPU kernels unavailable (%s); using torch ops", _first_line(exc))
         return None
     logger.info(
-        "CPU kernels ready in %.1f s (%s vectors; %s)",
-        time.perf_counter() - start, module.vector_isa, src,
+        "CPU kernels ready in %.1f s (%s vectors%s; %s)",
+        time.perf_counter() - start, module.vector_isa,
+        ", bf16 dot products" if module.bf16_dot else "", src,
     )
     return module
 
