@@ -27,7 +27,8 @@ Cache (`--cache-dir`, default ~/.cache/sglang-bench), reused by later runs:
   convert-<hash>/            copy of convert_hf_to_gguf.py + conversion/ with the
                              pre-tokenizer workaround (unknown hash -> "gpt-2") and
                              a BPE fallback when sentencepiece is not installed
-  gguf/demo-<hash>-f32.gguf  the demo model in GGUF f32, keyed by its files' hash
+  gguf/demo-<hash>-<type>.gguf  the demo model in GGUF f32 (or bf16: --gguf-type), keyed
+                             by its files' hash
 """
 
 from __future__ import annotations
@@ -182,8 +183,10 @@ def model_hash(model_dir: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def convert_to_gguf(model_dir: Path, src_dir: Path, cache_dir: Path) -> Path:
-    out_path = cache_dir / "gguf" / f"demo-{model_hash(model_dir)}-f32.gguf"
+def convert_to_gguf(model_dir: Path, src_dir: Path, cache_dir: Path, out_type: str) -> Path:
+    """The checkpoint in GGUF of `out_type` (f32, or bf16: the demo checkpoint's own dtype,
+    which our server keeps where dtype auto runs bf16)."""
+    out_path = cache_dir / "gguf" / f"demo-{model_hash(model_dir)}-{out_type}.gguf"
     if out_path.exists():
         return out_path
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +194,7 @@ def convert_to_gguf(model_dir: Path, src_dir: Path, cache_dir: Path) -> Path:
     tmp_path = out_path.with_suffix(".tmp")
     logger.info("converting %s to %s", model_dir, out_path)
     env = {**os.environ, "PYTHONPATH": str(src_dir / "gguf-py")}
-    cmd = [sys.executable, str(script), str(model_dir), "--outtype", "f32",
+    cmd = [sys.executable, str(script), str(model_dir), "--outtype", out_type,
            "--outfile", str(tmp_path)]  # fmt: skip
     subprocess.run(cmd, check=True, env=env)
     tmp_path.rename(out_path)
@@ -517,6 +520,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ours-args", default="", help="extra launch_server flags, one string")
     p.add_argument("--llama-args", default="", help="extra llama-server flags, one string")
     p.add_argument("--check-greedy", action="store_true", help="compare greedy tokens first")
+    p.add_argument("--gguf-type", choices=["f32", "bf16"], default="f32",
+                   help="llama-server's weights: f32, or bf16 (what our dtype auto keeps on "
+                        "CPUs with native bf16; the log line 'dtype auto: ...' says which)")
     p.add_argument("--greedy-tokens", type=int, default=64)
     p.add_argument("--output-json", default=None, help="write every run's summary here")
     return p.parse_args(argv)
@@ -527,7 +533,7 @@ def prepare(args: argparse.Namespace) -> BenchContext:
     cache_dir.mkdir(parents=True, exist_ok=True)
     model_dir = Path(args.model_path or demo_target_path()).resolve()
     llama_server = find_or_build_llama_server(args.llama_server, cache_dir)
-    gguf = convert_to_gguf(model_dir, llama_cpp_source(cache_dir), cache_dir)
+    gguf = convert_to_gguf(model_dir, llama_cpp_source(cache_dir), cache_dir, args.gguf_type)
     vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     log_dir = Path(tempfile.mkdtemp(prefix="bench_vs_llamacpp-"))
     logger.info("llama-server %s, GGUF %s, server logs in %s", llama_server, gguf, log_dir)

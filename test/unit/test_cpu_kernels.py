@@ -581,10 +581,45 @@ def test_linear_packed_matches_torch(kernels, w_dtype, rows, k, n):
         torch.testing.assert_close(out, F.linear(x, w.float(), bias), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "rows,k,n",
+    # a 12-row tile and M tails, N tails (n % 32), K tails (odd K: a zero-padded pair; pairs
+    # past the 16-pair transposed blocks), several M blocks of x (1100 rows at K = 200)
+    [(40, 256, 64), (13, 96, 7), (300, 64, 33), (1, 8, 1), (1100, 200, 70), (25, 71, 40),
+     (17, 704, 256)],
+)
+def test_linear_packed_all_bf16_matches_torch(kernels, rows, k, n):
+    """bf16 x over bf16 w: the bf16 dot product (float32 sums rounded once to bf16) where
+    the build has it, else at::linear; both within bf16 rounding of float32's result."""
+    x = torch.randn(rows, 2 * k)[:, :k].bfloat16()
+    w = (torch.randn(n, k) / k**0.5).bfloat16()
+    for bias in (None, torch.randn(n).bfloat16()):
+        out = torch.empty(rows, n, dtype=torch.bfloat16)
+        kernels.linear_packed(out, x, w, bias)
+        want = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+        torch.testing.assert_close(out.float(), want, **_tol(torch.bfloat16))
+
+
+def test_all_bf16_linears_past_the_small_m_rows_take_the_packed_kernel(native_kernels, monkeypatch):
+    """With the bf16 dot product, bf16 x over bf16 weights past the small-M rows take
+    linear_packed (1.1-3x oneDNN's bf16 GEMM at 16-256 rows); without it, F.linear."""
+    calls = []
+    real = native_kernels.linear_packed
+    monkeypatch.setattr(native_kernels, "linear_packed", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    w, b = (torch.randn(40, 128) / 8).bfloat16(), torch.randn(40).bfloat16()
+    for rows in (SMALL_M_MAX_ROWS + 1, 300):
+        x = torch.randn(rows, 128).bfloat16()
+        want = F.linear(x.float(), w.float(), b.float())
+        torch.testing.assert_close(linear(x, w, b).float(), want, **_tol(torch.bfloat16))
+    assert calls == ([SMALL_M_MAX_ROWS + 1, 300] if native_kernels.bf16_dot else [])
+
+
 def test_linear_packed_refuses_mismatched_arguments(kernels):
     x, w = torch.randn(4, 16), torch.randn(8, 16).bfloat16()
     with pytest.raises(RuntimeError, match="float32"):
         kernels.linear_packed(torch.empty(4, 8), x.double(), w)
+    with pytest.raises(RuntimeError, match="all bfloat16"):  # a bf16 x over a half w
+        kernels.linear_packed(torch.empty(4, 8, dtype=torch.bfloat16), x.bfloat16(), w.half())
     with pytest.raises(RuntimeError, match="contiguous"):
         kernels.linear_packed(torch.empty(4, 8), x, torch.randn(8, 32).bfloat16()[:, :16])
     with pytest.raises(RuntimeError, match="bias"):

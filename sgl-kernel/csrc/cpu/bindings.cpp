@@ -10,11 +10,6 @@ constexpr const char* kVectorIsa = SGL_VEC_ISA;
 #else
 constexpr const char* kVectorIsa = "scalar";
 #endif
-#if defined(SGL_HAVE_BF16_DOT)
-constexpr bool kBf16Dot = true;
-#else
-constexpr bool kBf16Dot = false;
-#endif
 
 // Classes are module_local: a second build of these sources (the portable one the tests
 // load beside the native) registers its own copies of the types.
@@ -34,7 +29,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
   m.def("argmax_rows", &sgl_cpu::argmax_rows, "out <- argmax of each row (first max; NaN first)");
   m.attr("vector_isa") = kVectorIsa;  // the vector path the kernels were built with
-  m.attr("bf16_dot") = kBf16Dot;  // bf16 x bf16 linears use the AVX-512 bf16 dot product
+  m.attr("bf16_dot") = sgl_cpu::kHasBf16Dot;  // bf16 x bf16 linears use the AVX-512 bf16 dot product
 
   py::class_<sgl_cpu::DecoderLayerWeights>(m, "DecoderLayerWeights", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,

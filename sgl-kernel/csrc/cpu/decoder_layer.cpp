@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "kernels.h"
+#include "vec.h"
 
 namespace sgl_cpu {
 
@@ -26,7 +27,10 @@ at::Tensor DecoderLayer::linear(const at::Tensor& x, const at::Tensor& w,
     linear_small_m(out, x, w, bias);
     return out;
   }
-  if (half_w) {  // widened a panel at a time, not the whole weight per call
+  // half_w: widened a panel at a time, not the whole weight per call; all bf16: the
+  // bf16 dot product where the build has it (linear_packed falls back to at::linear)
+  if (half_w || (kHasBf16Dot && x.scalar_type() == at::kBFloat16 &&
+                 w.scalar_type() == at::kBFloat16)) {
     at::Tensor out = at::empty({rows, w.size(0)}, x.options());
     linear_packed(out, x, w, bias);
     return out;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common.h"
+#include "gemm_packed_bf16.h"
 #include "kernels.h"
 #include "vec.h"
 
@@ -146,20 +147,30 @@ void run_packed(float* out, const float* x, const W* w, const PackedCall& c) {
 
 }  // namespace
 
-// out [M, N] <- x [M, K] @ w [N, K]^T (+ bias [N]): float32 x, out and bias; w bf16,
-// fp16 or float32.
+// out [M, N] <- x [M, K] @ w [N, K]^T (+ bias [N]): float32 x, out and bias with w bf16,
+// fp16 or float32; or all bf16 (the bf16 dot product where the build has it, else
+// at::linear).
 void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                    const std::optional<at::Tensor>& bias) {
   check_rows(x, "x");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
-              "x and out must be float32");
+  const bool all_bf16 = x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((x.scalar_type() == at::kFloat || all_bf16) && out.scalar_type() == x.scalar_type(),
+              "x and out must be float32 (or x, w and out all bfloat16)");
   TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1),
               "w must be a contiguous 2-D CPU tensor [N, K] with K = x's columns");
   TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16 ||
                   w.scalar_type() == at::kHalf,
               "w must be float32, bfloat16 or float16");
-  const bool has_bias = check_linear_out_bias(out, x, w, bias);  // x is float32
+  const bool has_bias = check_linear_out_bias(out, x, w, bias);  // bias in x's dtype
   if (x.size(0) == 0 || w.size(0) == 0) return;
+  if (all_bf16) {
+#if defined(SGL_HAVE_BF16_DOT)
+    linear_packed_bf16_dot(out, x, w, has_bias ? bias->data_ptr<c10::BFloat16>() : nullptr);
+#else
+    out.copy_(at::linear(x, w, has_bias ? *bias : at::Tensor()));
+#endif
+    return;
+  }
 #if defined(SGL_HAVE_VEC)
   const PackedCall call{x.size(0), w.size(0), x.size(1), x.stride(0),
                         has_bias ? bias->data_ptr<float>() : nullptr};

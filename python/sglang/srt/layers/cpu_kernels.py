@@ -43,10 +43,11 @@ SOURCE_FILES = (
     "argmax.cpp",
     "gemm.cpp",
     "gemm_packed.cpp",
+    "gemm_packed_bf16.cpp",
     "decoder_layer.cpp",
     "bindings.cpp",
 )
-HEADER_FILES = ("common.h", "vec.h", "kernels.h", "decoder_layer.h")
+HEADER_FILES = ("common.h", "vec.h", "kernels.h", "decoder_layer.h", "gemm_packed_bf16.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  # part of the cache key
 TORCH_BATON = "lock"  # torch.utils.file_baton's file in the build directory
 

@@ -1,0 +1,156 @@
+// y = x W^T (+ b) for many rows with x, W, b and y all bf16, on CPUs with the AVX-512 bf16
+// dot product (vdpbf16ps: 16 float32 lanes, each adding the products of one pair of bf16
+// values, 32 multiply-adds per instruction against an FMA's 16). linear_packed's entry
+// point calls this for bf16 x over bf16 W where the build has the instruction.
+//
+// Shapes: x [M, K] bf16 (rows contiguous, any row stride), W [N, K] contiguous bf16,
+// b [N] bf16 or none, out [M, N] bf16 contiguous.
+//
+// A work item is a panel of kPanel output columns. Its W rows are packed once per M block
+// into a thread-local [ceil(K / 2), kPanel] array of bf16 pairs (pair p of column j holds
+// W[j, 2p] and W[j, 2p + 1]; an odd K's last pair is padded with a zero), which is the
+// 16 x 16 transpose of 32-bit words of W's rows, done in registers. Register tiles of
+// kTileRows rows x kPanel columns then broadcast one pair of x per row against each
+// vector of pairs. Sums are float32 over the whole K (no K blocks: the panel, 64 bytes per
+// K element, stays in L2 up to K = 16384), rounded to bf16 (nearest even) once.
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <vector>
+
+#include "common.h"
+#include "gemm_packed_bf16.h"
+#include "vec.h"
+
+namespace sgl_cpu {
+
+#if defined(SGL_HAVE_BF16_DOT)
+namespace {
+
+constexpr int64_t kPanel = 2 * kVecWidth;  // output columns per panel: two vectors of lanes
+constexpr int kTileRows = 12;              // 24 accumulators + 2 W + 1 x of 32 zmm
+constexpr int64_t kXBlockBytes = 256 << 10;
+
+struct Bf16Call {
+  int64_t m, n, k, pairs, x_stride;
+  const c10::BFloat16* bias;  // [N] or nullptr
+};
+
+// The pair of x[row] at `pair` as one 32-bit word, zero-padded past K.
+inline int32_t x_pair(const c10::BFloat16* row, int64_t pair, int64_t k) {
+  const int64_t i = 2 * pair;
+  if (i + 1 < k) {
+    int32_t word;
+    std::memcpy(&word, row + i, sizeof(word));
+    return word;
+  }
+  uint16_t lo;
+  std::memcpy(&lo, row + i, sizeof(lo));
+  return int32_t(lo);  // the odd K's last element, paired with zero
+}
+
+// panel [pairs, kPanel] of 32-bit words <- W rows n0 .. n0 + cols; columns past `cols`
+// (the N tail) and the pad of an odd K are zero.
+void pack_panel(uint32_t* panel, const c10::BFloat16* w, int64_t n0, int64_t cols,
+                const Bf16Call& c) {
+  const int64_t full_pairs = c.k / 2;
+  const int64_t pairs_vec = full_pairs - full_pairs % kVecWidth;
+  vfloat block[kVecWidth];
+  for (int64_t half = 0; half < kPanel; half += kVecWidth) {
+    for (int64_t p0 = 0; p0 < pairs_vec; p0 += kVecWidth) {
+      for (int64_t j = 0; j < kVecWidth; ++j) {  // 16 pairs (32 bf16) of one W row
+        block[j] = half + j < cols
+                       ? _mm512_castsi512_ps(_mm512_loadu_si512(w + (n0 + half + j) * c.k + 2 * p0))
+                       : vzero();
+      }
+      vtranspose(block);  // 32-bit words: block[t] = pair p0 + t of the 16 columns
+      for (int64_t t = 0; t < kVecWidth; ++t) {
+        vstore(reinterpret_cast<float*>(panel + (p0 + t) * kPanel + half), block[t]);
+      }
+    }
+  }
+  for (int64_t j = 0; j < kPanel; ++j) {  // the pairs past the last 16, and an odd K's pad
+    for (int64_t p = pairs_vec; p < c.pairs; ++p) {
+      panel[p * kPanel + j] = j < cols ? uint32_t(x_pair(w + (n0 + j) * c.k, p, c.k)) : 0u;
+    }
+  }
+}
+
+inline void store_bf16(c10::BFloat16* out, __m512 v, int64_t cols) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+  if (cols >= kVecWidth) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), h);
+  } else if (cols > 0) {
+    _mm256_mask_storeu_epi16(out, __mmask16((1u << cols) - 1), h);
+  }
+}
+
+inline __m512 load_bias(const c10::BFloat16* bias, int64_t n0, int64_t cols) {
+  if (bias == nullptr || cols <= 0) return _mm512_setzero_ps();
+  const __mmask16 lanes = cols >= kVecWidth ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __m256i raw = _mm256_maskz_loadu_epi16(lanes, bias + n0);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// out rows [0, R) x columns [n0, n0 + cols) <- x rows [0, R) over the whole panel.
+template <int R>
+void panel_tile(const c10::BFloat16* x, const uint32_t* panel, c10::BFloat16* out, int64_t n0,
+                int64_t cols, const Bf16Call& c) {
+  __m512 lo[R], hi[R];
+  for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < c.pairs; ++p) {
+    const __m512bh w_lo = (__m512bh)_mm512_loadu_si512(panel + p * kPanel);
+    const __m512bh w_hi = (__m512bh)_mm512_loadu_si512(panel + p * kPanel + kVecWidth);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(x_pair(x + r * c.x_stride, p, c.k));
+      lo[r] = _mm512_dpbf16_ps(lo[r], xv, w_lo);
+      hi[r] = _mm512_dpbf16_ps(hi[r], xv, w_hi);
+    }
+  }
+  const __m512 b_lo = load_bias(c.bias, n0, cols);
+  const __m512 b_hi = load_bias(c.bias, n0 + kVecWidth, cols - kVecWidth);
+  for (int r = 0; r < R; ++r) {
+    store_bf16(out + r * c.n + n0, _mm512_add_ps(lo[r], b_lo), cols);
+    store_bf16(out + r * c.n + n0 + kVecWidth, _mm512_add_ps(hi[r], b_hi), cols - kVecWidth);
+  }
+}
+
+// Panels [begin, end) for x rows [m0, m1).
+void run_panels(c10::BFloat16* out, const c10::BFloat16* x, const c10::BFloat16* w,
+                const Bf16Call& c, uint32_t* panel, int64_t begin, int64_t end, int64_t m0,
+                int64_t m1) {
+  for (int64_t p = begin; p < end; ++p) {
+    const int64_t n0 = p * kPanel, cols = std::min(kPanel, c.n - n0);
+    pack_panel(panel, w, n0, cols, c);
+    int64_t r = m0;
+    for (; r + kTileRows <= m1; r += kTileRows) {
+      panel_tile<kTileRows>(x + r * c.x_stride, panel, out + r * c.n, n0, cols, c);
+    }
+    with_rows<kTileRows - 1>(int(m1 - r), [&](auto rows) {
+      panel_tile<decltype(rows)::value>(x + r * c.x_stride, panel, out + r * c.n, n0, cols, c);
+    });
+  }
+}
+
+}  // namespace
+
+void linear_packed_bf16_dot(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                            const c10::BFloat16* bias) {
+  const int64_t k = x.size(1);
+  const Bf16Call c{x.size(0), w.size(0), k, (k + 1) / 2, x.stride(0), bias};
+  const int64_t panels = (c.n + kPanel - 1) / kPanel;
+  const int64_t x_rows = kXBlockBytes / std::max<int64_t>(1, c.k * int64_t(sizeof(c10::BFloat16)));
+  const int64_t m_block = std::max<int64_t>(kTileRows, x_rows - x_rows % kTileRows);
+  auto* op = out.data_ptr<c10::BFloat16>();
+  const auto* xp = x.data_ptr<c10::BFloat16>();
+  const auto* wp = w.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, panels, grain_for(kPanel * c.k * c.m), [&](int64_t begin, int64_t end) {
+    std::vector<uint32_t> panel(c.pairs * kPanel);
+    for (int64_t m0 = 0; m0 < c.m; m0 += m_block) {
+      run_panels(op, xp, wp, c, panel.data(), begin, end, m0, std::min(c.m, m0 + m_block));
+    }
+  });
+}
+#endif
+
+}  // namespace sgl_cpu
