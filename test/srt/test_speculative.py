@@ -4,6 +4,11 @@ Greedy speculation must be invisible: STANDALONE and NGRAM outputs equal the
 outputs without speculation token for token, with the radix cache on and off,
 chunked prefill of 16 tokens, and a KV pool small enough to force retraction,
 32 prompts at 8 running requests. After every test neither pool holds a slot.
+
+Both sides run float32: the demo checkpoint is bf16, which dtype auto keeps on CPUs with
+fast bf16 matmuls, and in bf16 a verify forward (several tokens per request, other matmul
+shapes) rounds differently from one-token decode steps, so a near-tie may break the other
+way (as on GPUs); token-for-token equality is float32's promise.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from sglang.test.pool_checks import idle_pool_problems
 pytestmark = pytest.mark.slow
 
 MAX_NEW = 64
-COMMON = dict(num_threads=1, log_level="warning", random_seed=0, max_running_requests=8)
+COMMON = dict(
+    num_threads=1, log_level="warning", random_seed=0, max_running_requests=8, dtype="float32"
+)
 CONFIGS = {
     "ngram_radix": dict(speculative_algorithm="NGRAM", max_total_tokens=8192),
     "ngram_no_radix_chunked": dict(

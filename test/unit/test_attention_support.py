@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from sglang.srt.arg_groups import attention_support
+from sglang.srt.arg_groups import attention_support, resolvers
 from sglang.srt.arg_groups.attention_support import (
     config_head_dim,
     default_attention_backend,
@@ -104,7 +104,8 @@ def test_resolution_on_cuda_reads_the_checkpoint(gpu_packages, tmp_path, dtype, 
     assert resolution_result(sa, "attention_backend") == backend
 
 
-def test_resolution_on_cpu_runs_half_checkpoints_in_float32(gpu_packages, tmp_path):
+def test_resolution_on_cpu_runs_half_checkpoints_in_float32(gpu_packages, tmp_path, monkeypatch):
+    monkeypatch.setattr(resolvers, "cpu_native_half_flags", lambda dtype: "")  # no fast bf16
     sa = ServerArgs(model_path=_checkpoint(tmp_path, "bfloat16"), device="cpu").resolve_once()
     assert resolution_result(sa, "dtype") == "float32"
     assert resolution_result(sa, "attention_backend") == "torch_native"
