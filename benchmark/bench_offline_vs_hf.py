@@ -25,6 +25,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--hf-batch-size", type=int, default=32)
+    p.add_argument("--hf-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="HF's compute dtype (ours follows --dtype auto: the log says which)")
     p.add_argument("--num-threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--engine-args", type=str, default="{}",
@@ -48,7 +50,8 @@ def run_hf(args: argparse.Namespace, prompts: list[list[int]]) -> dict:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(args.num_threads)
-    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=torch.float32).eval()
+    dtype = getattr(torch, args.hf_dtype)
+    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=dtype).eval()
     gen = dict(max_new_tokens=args.output_len, min_new_tokens=args.output_len, do_sample=False,
                pad_token_id=0)
     bs = args.hf_batch_size

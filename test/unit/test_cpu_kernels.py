@@ -691,3 +691,21 @@ def _cpu_flags() -> set[str]:
         return set()
     line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
     return set(line.partition(":")[2].split())
+
+
+
+
+def test_bf16_stores_round_as_torch_does(kernels):
+    """The kernels' vector bf16 store rounds like c10's float -> bf16 cast, bit for bit:
+    ties to even, infinities, denormals; NaN stays NaN. fused_add_rmsnorm_ stores the
+    residual sum of two bf16 values, exact in float32, so the stored value is its cast."""
+    step = 2.0**-8  # half a bf16 ulp at 1.0: 1 + step is a tie, rounded to even
+    x = torch.tensor([1.0, 1.0 + 2 * step, -1.0, 3.0, 1e-39, -1e-39, float("inf"), float("nan")])
+    r = torch.tensor([step, step, -step, 2 * step, 1e-39, 0.0, 1.0, 0.0])
+    x, r = x.repeat(9)[:70].view(1, 70).bfloat16(), r.repeat(9)[:70].view(1, 70).bfloat16()
+    want = (x.float() + r.float()).bfloat16()  # vectors and a tail
+    residual = r.clone()
+    kernels.fused_add_rmsnorm_(x.clone(), residual, torch.ones(70, dtype=torch.bfloat16), 1e-6)
+    nan = want.isnan()
+    assert torch.equal(residual.isnan(), nan)
+    assert torch.equal(residual.view(torch.int16)[~nan], want.view(torch.int16)[~nan])

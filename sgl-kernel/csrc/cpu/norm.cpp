@@ -1,6 +1,7 @@
 // RMSNorm and fused residual-add + RMSNorm (in place) over rows (Llama's formula: float32
 // statistics, the normalized row cast to the input dtype before the weight multiplies it).
 #include "common.h"
+#include "vec.h"
 
 namespace sgl_cpu {
 namespace {
@@ -8,9 +9,38 @@ namespace {
 template <typename T>
 inline void norm_row(T* x, const T* w, int64_t width, float eps) {
   float inv_rms = 1.f / std::sqrt(sum_squares(x, width) / static_cast<float>(width) + eps);
-  for (int64_t i = 0; i < width; ++i) {
+  int64_t i = 0;
+#if defined(SGL_HAVE_VEC)
+  if constexpr (kHasVecLoad<T>) {  // the same roundings as the scalar loop, in vectors
+    const vfloat inv = vset1(inv_rms);
+    for (; i + kVecWidth <= width; i += kVecWidth) {
+      const vfloat normed = vround<T>(vmul(vload(x + i), inv));
+      vstore(x + i, vmul(vload(w + i), normed));
+    }
+  }
+#endif
+  for (; i < width; ++i) {
     T normed = static_cast<T>(static_cast<float>(x[i]) * inv_rms);
     x[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(normed));
+  }
+}
+
+// residual <- x + residual, rounded to T; x <- residual.
+template <typename T>
+inline void add_residual_row(T* x, T* residual, int64_t width) {
+  int64_t i = 0;
+#if defined(SGL_HAVE_VEC)
+  if constexpr (kHasVecLoad<T>) {
+    for (; i + kVecWidth <= width; i += kVecWidth) {
+      const vfloat sum = vadd(vload(x + i), vload(residual + i));
+      vstore(residual + i, sum);
+      vstore(x + i, sum);  // the same rounding
+    }
+  }
+#endif
+  for (; i < width; ++i) {
+    residual[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(residual[i]));
+    x[i] = residual[i];
   }
 }
 
@@ -57,10 +87,7 @@ void fused_add_rmsnorm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& w
       for (int64_t r = begin; r < end; ++r) {
         scalar_t* xr = xp + r * x_stride;
         scalar_t* rr = rp + r * r_stride;
-        for (int64_t i = 0; i < width; ++i) {
-          rr[i] = static_cast<scalar_t>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
-          xr[i] = rr[i];
-        }
+        add_residual_row(xr, rr, width);
         norm_row(xr, wp, width, float(eps));
       }
     });

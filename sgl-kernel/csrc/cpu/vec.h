@@ -226,12 +226,61 @@ inline void vtranspose(vfloat* rows) {
 }
 #endif
 
-// Stores a vector as T (bf16/half rounded as static_cast<T> rounds).
+// bf16 rounding of each lane as static_cast<c10::BFloat16> rounds (nearest even on the
+// bits, any NaN -> 0x7FC0, denormals kept): the bf16 bits in the low 16 of each 32.
+#if defined(__AVX512F__)
+using vbits = __m512i;
+inline vbits vbf16_bits(vfloat v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i bias = _mm512_add_epi32(
+      _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7FFF));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+  return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                               _mm512_set1_epi32(0x7FC0));
+}
+inline vfloat vbits_to_float(vbits b) { return _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)); }
+inline void vstore(c10::BFloat16* p, vfloat v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(vbf16_bits(v)));
+}
+#else
+using vbits = __m256i;
+inline vbits vbf16_bits(vfloat v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i bias = _mm256_add_epi32(
+      _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7FFF));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
+  return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0),
+                            _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+inline vfloat vbits_to_float(vbits b) { return _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)); }
+inline void vstore(c10::BFloat16* p, vfloat v) {
+  const vbits b = vbf16_bits(v);
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(b),  // < 2^16: exact
+                                          _mm256_extracti128_si256(b, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+#endif
+
+// Stores a vector as T (half rounded as static_cast<T> rounds).
 template <typename T>
 inline void vstore(T* p, vfloat v) {
   alignas(64) float tmp[kVecWidth];
   vstore(tmp, v);
   for (int64_t i = 0; i < kVecWidth; ++i) p[i] = static_cast<T>(tmp[i]);
+}
+
+// Each lane rounded to T and widened back: the float value static_cast<T> would store.
+template <typename T>
+inline vfloat vround(vfloat v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return vbits_to_float(vbf16_bits(v));
+  } else {
+    alignas(64) T tmp[kVecWidth];
+    vstore(tmp, v);
+    return vload(tmp);
+  }
 }
 
 // exp lane by lane: exp_f32's algorithm (Cephes, common.h).
