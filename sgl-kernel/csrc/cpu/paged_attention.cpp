@@ -140,6 +140,65 @@ inline float exp_in_place(float* x, int64_t n, float shift) {
   return vreduce_add(vsum);
 }
 
+constexpr int64_t kKeysPerStep = 4;  // keys whose scores one vreduce4 finishes
+
+// scores[qh * kKeyBlock + 0..3] <- the scaled (capped) scores of 4 keys for every query
+// head: 4 dot products reduced together (one horizontal reduction per 4 keys, not per key).
+template <typename T>
+inline void scores4(const float* qf, const T* pool, const int32_t* slots, const DecodeShape& s,
+                    int64_t nvec, float* scores) {
+  const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
+  const T* keys[kKeysPerStep];
+  for (int64_t kk = 0; kk < kKeysPerStep; ++kk) keys[kk] = pool + int64_t(slots[kk]) * s.slot_stride;
+  for (int64_t h = 0; h < s.kv_heads; ++h) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t qh = h * group + g;
+      const float* qg = qf + qh * d;
+      vfloat sum[kKeysPerStep] = {vzero(), vzero(), vzero(), vzero()};
+      for (int64_t i = 0; i < nvec; ++i) {
+        const vfloat qv = vload(qg + i * kVecWidth);
+        for (int64_t kk = 0; kk < kKeysPerStep; ++kk) {
+          sum[kk] = vfma(vload(keys[kk] + h * d + i * kVecWidth), qv, sum[kk]);
+        }
+      }
+      alignas(16) float dots[kKeysPerStep];
+      _mm_store_ps(dots, vreduce4(sum[0], sum[1], sum[2], sum[3]));
+      for (int64_t kk = 0; kk < kKeysPerStep; ++kk) {
+        float score = dots[kk] * s.scale;
+        if (s.logit_cap > 0.f) score = s.logit_cap * std::tanh(score / s.logit_cap);
+        scores[qh * kKeyBlock + kk] = score;
+      }
+    }
+  }
+}
+
+// acc[qh] += sum over 4 keys of p[qh, key] * value[key]: each accumulator row is loaded and
+// stored once per 4 keys.
+template <typename T>
+inline void accumulate4(const T* pool, const int32_t* slots, const DecodeShape& s, int64_t nvec,
+                        const float* probs, float* acc) {
+  const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads, width = s.kv_heads * d;
+  const T* values[kKeysPerStep];
+  for (int64_t kk = 0; kk < kKeysPerStep; ++kk) {
+    values[kk] = pool + int64_t(slots[kk]) * s.slot_stride + width;
+  }
+  for (int64_t h = 0; h < s.kv_heads; ++h) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t qh = h * group + g;
+      vfloat p[kKeysPerStep];
+      for (int64_t kk = 0; kk < kKeysPerStep; ++kk) p[kk] = vset1(probs[qh * kKeyBlock + kk]);
+      float* row = acc + qh * d;
+      for (int64_t i = 0; i < nvec; ++i) {
+        vfloat a = vload(row + i * kVecWidth);
+        for (int64_t kk = 0; kk < kKeysPerStep; ++kk) {
+          a = vfma(p[kk], vload(values[kk] + h * d + i * kVecWidth), a);
+        }
+        vstore(row + i * kVecWidth, a);
+      }
+    }
+  }
+}
+
 // NVEC: head_dim / kVecWidth when known at compile time (rows stay in registers), else 0.
 template <typename T, int64_t NVEC>
 void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int64_t n,
@@ -154,7 +213,11 @@ void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int6
   std::fill(part.acc, part.acc + s.q_heads * d, 0.f);
   for (int64_t b0 = 0; b0 < n; b0 += kKeyBlock) {
     const int64_t bn = std::min(kKeyBlock, n - b0);
-    for (int64_t jj = 0; jj < bn; ++jj) {
+    int64_t jj = 0;
+    for (; jj + kKeysPerStep <= bn; jj += kKeysPerStep) {
+      scores4(qf, pool, slots + b0 + jj, s, nvec, scores + jj);
+    }
+    for (; jj < bn; ++jj) {
       const T* key = pool + int64_t(slots[b0 + jj]) * s.slot_stride;
       for (int64_t h = 0; h < s.kv_heads; ++h) {
         for (int64_t i = 0; i < nvec; ++i) row[i] = vload(key + h * d + i * kVecWidth);
@@ -183,7 +246,11 @@ void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int6
         }
       }
     }
-    for (int64_t jj = 0; jj < bn; ++jj) {
+    jj = 0;
+    for (; jj + kKeysPerStep <= bn; jj += kKeysPerStep) {
+      accumulate4(pool, slots + b0 + jj, s, nvec, scores + jj, part.acc);
+    }
+    for (; jj < bn; ++jj) {
       const T* value = pool + int64_t(slots[b0 + jj]) * s.slot_stride + width;
       for (int64_t h = 0; h < s.kv_heads; ++h) {
         for (int64_t i = 0; i < nvec; ++i) row[i] = vload(value + h * d + i * kVecWidth);
