@@ -33,8 +33,8 @@ HALF_DTYPES = ("float16", "bfloat16", "half")
 # vendor_id ("*": any vendor). AMX tiles: oneDNN runs bf16 (fp16) GEMMs several times faster
 # than float32. avx512_bf16 on AMD (Zen 4+): oneDNN's bf16 GEMM ran 370-420 GFLOP/s against
 # MKL float32's 90-160 at 128-2048 rows, and our small-M kernel takes the bf16 dot product
-# for decode (demo model decode step 1.3-1.6x float32's time at batch 8-128 the other way,
-# prefill 1.6x; benchmark/RESULTS.md). On an Intel Xeon with avx512_bf16/avx512_fp16 but no
+# for decode (the demo model's decode step at batch 8-128 took 0.55-0.75x float32's time,
+# prefill 0.6x; benchmark/RESULTS.md). On an Intel Xeon with avx512_bf16/avx512_fp16 but no
 # AMX, torch's bf16 linear was 1.4-1.6x slower than float32 at 256 rows, so Intel needs AMX.
 NATIVE_HALF_CPU_FLAGS = {
     "bfloat16": {"*": ("amx_bf16",), "AuthenticAMD": ("avx512_bf16",)},
