@@ -81,14 +81,13 @@ inline void store_bf16(c10::BFloat16* out, __m512 v, int64_t cols) {
   if (cols >= kVecWidth) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), h);
   } else if (cols > 0) {
-    _mm256_mask_storeu_epi16(out, __mmask16((1u << cols) - 1), h);
+    _mm256_mask_storeu_epi16(out, first_lanes(cols), h);
   }
 }
 
 inline __m512 load_bias(const c10::BFloat16* bias, int64_t n0, int64_t cols) {
   if (bias == nullptr || cols <= 0) return _mm512_setzero_ps();
-  const __mmask16 lanes = cols >= kVecWidth ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-  const __m256i raw = _mm256_maskz_loadu_epi16(lanes, bias + n0);
+  const __m256i raw = _mm256_maskz_loadu_epi16(first_lanes(cols), bias + n0);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 

@@ -8,16 +8,6 @@
 // lane (sums may group differently).
 #pragma once
 
-namespace sgl_cpu {
-// Whether bf16 x bf16 linears take the AVX-512 bf16 dot product (set below when built
-// with it): linear_packed then runs gemm_packed_bf16.cpp instead of at::linear.
-#if !defined(SGL_FORCE_SCALAR) && defined(__AVX512F__) && defined(__AVX512BF16__)
-constexpr bool kHasBf16Dot = true;
-#else
-constexpr bool kHasBf16Dot = false;
-#endif
-}  // namespace sgl_cpu
-
 #if !defined(SGL_FORCE_SCALAR) && \
     (defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)))
 #define SGL_HAVE_VEC 1
@@ -301,3 +291,13 @@ inline vfloat vexp(vfloat x) {
 
 }  // namespace sgl_cpu
 #endif
+
+namespace sgl_cpu {
+// Whether bf16 x bf16 linears take the AVX-512 bf16 dot product (SGL_HAVE_BF16_DOT above;
+// false on every other build): linear_packed then runs gemm_packed_bf16.cpp, not at::linear.
+#if defined(SGL_HAVE_BF16_DOT)
+constexpr bool kHasBf16Dot = true;
+#else
+constexpr bool kHasBf16Dot = false;
+#endif
+}  // namespace sgl_cpu
