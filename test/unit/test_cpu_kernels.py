@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from sglang.srt.arg_groups import resolvers
 from sglang.srt.layers import cpu_kernels
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
@@ -680,17 +680,8 @@ def test_checkouts_build_apart(tmp_path):
 def test_native_build_takes_the_bf16_dot_product_where_the_cpu_has_it(native_kernels):
     """bf16 x bf16 decode linears use vdpbf16ps on CPUs with avx512_bf16 (the dtype auto
     rule keeps bf16 on AMD ones); the portable build and other CPUs widen to float32."""
-    flags = _cpu_flags()
+    flags = set(resolvers.cpuinfo_fields().get("flags", "").split())
     assert native_kernels.bf16_dot == ("avx512f" in flags and "avx512_bf16" in flags)
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
 
 
 

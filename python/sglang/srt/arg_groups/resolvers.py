@@ -147,18 +147,23 @@ def resolve_dtype(c: Any) -> Resolved:
 def cpu_native_half_flags(dtype: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU flags (space-separated) that give `dtype` native matmuls here; '' when none
     (or /proc/cpuinfo cannot be read: not x86 Linux)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return ""
-    fields = dict(
-        (key.strip(), value.strip())
-        for key, _, value in (ln.partition(":") for ln in text.splitlines())
-    )
+    fields = cpuinfo_fields(cpuinfo)
     flags = set(fields.get("flags", "").split())
     by_vendor = NATIVE_HALF_CPU_FLAGS.get(dtype, {})
     wanted = (*by_vendor.get("*", ()), *by_vendor.get(fields.get("vendor_id", ""), ()))
     return " ".join(f for f in wanted if f in flags)
+
+
+def cpuinfo_fields(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """/proc/cpuinfo's `key : value` lines (the last processor's); {} when unreadable."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return {}
+    return {
+        key.strip(): value.strip()
+        for key, _, value in (ln.partition(":") for ln in text.splitlines())
+    }
 
 
 def native_half_flags_wanted(dtype: str) -> str:
