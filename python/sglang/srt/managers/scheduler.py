@@ -373,10 +373,11 @@ def build_scheduler(port_args: Any, tp_rank: int, forward_clock: ForwardClock | 
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.managers.ipc import PullEndpoint, PushEndpoint
     from sglang.srt.managers.scheduler_parts.load_report import LoadReporter
-    from sglang.srt.managers.tokenizer_manager import load_tokenizer
+    from sglang.srt.managers.tokenizer_manager import load_tokenizer_in_child
     from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.runtime_context import get_device, get_parallel
 
+    tokenizer = load_tokenizer_in_child()  # first: the fork must not copy threads
     tp_size = get_parallel().tp_size
     init_tensor_parallel(tp_size, tp_rank, port_args.dist_init_method, str(get_device().device))
     model_config = ModelConfig.from_server_args()
@@ -397,7 +398,7 @@ def build_scheduler(port_args: Any, tp_rank: int, forward_clock: ForwardClock | 
     scheduler = Scheduler(
         tp_worker,
         model_config,
-        load_tokenizer(),
+        tokenizer,
         *endpoints,
         tp_sync=TpSync(tp_size),
         dp_rank=port_args.dp_rank,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import pickle
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -78,13 +80,54 @@ def load_tokenizer() -> Any:
     )
 
 
+def load_tokenizer_in_child() -> Any:
+    """`load_tokenizer()` run in a forked child, the tokenizer returned pickled.
+
+    AutoTokenizer picks the class through transformers' config machinery, which imports
+    torch.distributed.tensor and sympy: ~55 MiB of RSS a process keeps for its life.
+    Unpickling the result needs only the tokenization modules. The scheduler calls this
+    before it starts threads (OpenMP, zmq), so the fork copies a single-threaded process.
+    """
+    if not hasattr(os, "fork"):
+        return load_tokenizer()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read_fd)
+        _send_from_child(write_fd, load_tokenizer)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        payload = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if not payload:
+        raise RuntimeError(f"the tokenizer-loading child exited with status {status}")
+    ok, value = pickle.loads(payload)
+    if not ok:
+        raise value
+    return value
+
+
+def _send_from_child(write_fd: int, fn: Any) -> None:
+    """Pickle (True, fn()) or (False, the exception) to write_fd, then exit the child."""
+    try:
+        try:
+            payload = pickle.dumps((True, fn()))
+        except Exception as exc:  # shown to the parent as its own error
+            try:
+                payload = pickle.dumps((False, exc))
+            except Exception:  # an exception that does not pickle
+                payload = pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+        with os.fdopen(write_fd, "wb") as pipe:
+            pipe.write(payload)
+    finally:
+        os._exit(0)
+
+
 def _tokenizer_from(tokenizer_pickle: bytes | None) -> Any:
     """The scheduler's tokenizer when it sent one (the launcher does not import torch,
     which AutoTokenizer would); else load it here."""
     if tokenizer_pickle is None:
         return load_tokenizer()
-    import pickle
-
     return pickle.loads(tokenizer_pickle)
 
 
