@@ -36,7 +36,7 @@ void silu_and_mul_out(at::Tensor& out, const at::Tensor& x) {
   SGL_DISPATCH_FLOATS(x.scalar_type(), "silu_and_mul", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, grain_for(8 * d), [&](int64_t begin, int64_t end) {
+    sgl_cpu::parallel_for(0, rows, 8 * d, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const scalar_t* gate = xp + r * x_stride;
         const scalar_t* up = gate + d;

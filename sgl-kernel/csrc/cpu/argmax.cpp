@@ -74,7 +74,7 @@ void argmax_rows(at::Tensor& out, const at::Tensor& x) {
   int64_t* op = out.data_ptr<int64_t>();
   SGL_DISPATCH_FLOATS(x.scalar_type(), "argmax_rows", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
+    sgl_cpu::parallel_for(0, rows, n, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) op[r] = argmax_row(xp + r * stride, n);
     });
   });

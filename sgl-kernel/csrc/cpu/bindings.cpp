@@ -3,6 +3,7 @@
 
 #include "decoder_layer.h"
 #include "kernels.h"
+#include "parallel.h"
 #include "vec.h"
 
 #if defined(SGL_HAVE_VEC)
@@ -10,6 +11,26 @@ constexpr const char* kVectorIsa = SGL_VEC_ISA;
 #else
 constexpr const char* kVectorIsa = "scalar";
 #endif
+
+namespace {
+// For the tests of parallel_for: how many times each index in [0, n) was visited (each
+// must be once), and which thread ran it; a chunk holding `throw_at` raises instead.
+std::tuple<at::Tensor, at::Tensor> parallel_for_visits(int64_t n, int64_t grain, int64_t threads,
+                                                       int64_t throw_at) {
+  at::Tensor visits = at::zeros({n}, at::kInt), runner = at::zeros({n}, at::kLong);
+  int32_t* v = visits.data_ptr<int32_t>();
+  int64_t* r = runner.data_ptr<int64_t>();
+  sgl_cpu::pool_parallel_for(0, n, grain, threads, [&](int64_t begin, int64_t end) {
+    TORCH_CHECK(throw_at < begin || throw_at >= end, "chunk [", begin, ", ", end, ") raised");
+    const auto self = static_cast<int64_t>(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    for (int64_t i = begin; i < end; ++i) {
+      ++v[i];  // one chunk per index: no two threads write the same element
+      r[i] = self;
+    }
+  });
+  return {visits, runner};
+}
+}  // namespace
 
 // Classes are module_local: a second build of these sources (the portable one the tests
 // load beside the native) registers its own copies of the types.
@@ -28,6 +49,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "out <- x @ w^T (+ bias) for many rows over a bf16/fp16 (or float32) w, float32 x",
         py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
   m.def("argmax_rows", &sgl_cpu::argmax_rows, "out <- argmax of each row (first max; NaN first)");
+  m.def("parallel_for_visits", &parallel_for_visits, "test hook of parallel_for (see above)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("pool_workers", &sgl_cpu::pool_workers, "worker threads of the kernels' pool");
+  m.def("set_pool_threads", &sgl_cpu::set_pool_threads,
+        "run the kernels on the pool with this many threads (0: on torch's OpenMP team)");
+  m.def("pool_threads", &sgl_cpu::pool_threads, "the pool's threads while it serves, else 0");
   m.attr("vector_isa") = kVectorIsa;  // the vector path the kernels were built with
   m.attr("bf16_dot") = sgl_cpu::kHasBf16Dot;  // bf16 x bf16 linears use the AVX-512 bf16 dot product
 

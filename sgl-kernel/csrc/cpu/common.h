@@ -14,15 +14,9 @@
 #include <optional>
 #include <type_traits>
 
+#include "parallel.h"
+
 namespace sgl_cpu {
-
-// Items per parallel task so that a task does at least this many multiply-adds: a call
-// this small runs inline on the calling thread (waking the OpenMP team costs more).
-constexpr int64_t kMinTaskWork = 1 << 15;
-
-inline int64_t grain_for(int64_t work_per_item) {
-  return std::max<int64_t>(1, kMinTaskWork / std::max<int64_t>(1, work_per_item));
-}
 
 // Float accumulators per reduction: enough lanes for the compiler to vectorize the loop.
 constexpr int kLanes = 16;

@@ -195,8 +195,7 @@ void row1(const T* x, const W* w_row, T* out, const T* bias, int64_t col, const 
 template <typename T, typename W>
 void run_gemm(T* out, const T* x, const W* w, const T* bias, const GemmCall& c) {
   const int64_t blocks = c.n / kRowsPerTile;
-  const int64_t grain = grain_for(kRowsPerTile * c.k * c.m);
-  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+  sgl_cpu::parallel_for(0, blocks, kRowsPerTile * c.k * c.m, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n0 = b * kRowsPerTile;
 #if defined(SGL_HAVE_VEC)

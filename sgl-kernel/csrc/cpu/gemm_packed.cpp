@@ -136,7 +136,7 @@ template <typename W>
 void run_packed(float* out, const float* x, const W* w, const PackedCall& c) {
   const int64_t panels = (c.n + kPanel - 1) / kPanel;
   const int64_t m_block = m_block_rows(c);
-  at::parallel_for(0, panels, grain_for(kPanel * c.k * c.m), [&](int64_t begin, int64_t end) {
+  sgl_cpu::parallel_for(0, panels, kPanel * c.k * c.m, [&](int64_t begin, int64_t end) {
     std::vector<float> panel(c.k * kPanel);
     for (int64_t m0 = 0; m0 < c.m; m0 += m_block) {
       run_panels(out, x, w, c, panel.data(), begin, end, m0, std::min(c.m, m0 + m_block));

@@ -60,7 +60,7 @@ void rmsnorm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, doub
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     const scalar_t* wp = w.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, grain_for(width), [&](int64_t begin, int64_t end) {
+    sgl_cpu::parallel_for(0, rows, width, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         std::copy(xp + r * x_stride, xp + r * x_stride + width, op + r * o_stride);
         norm_row(op + r * o_stride, wp, width, float(eps));
@@ -83,7 +83,7 @@ void fused_add_rmsnorm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& w
     scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* rp = residual.data_ptr<scalar_t>();
     const scalar_t* wp = w.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, grain_for(width), [&](int64_t begin, int64_t end) {
+    sgl_cpu::parallel_for(0, rows, width, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         scalar_t* xr = xp + r * x_stride;
         scalar_t* rr = rp + r * r_stride;

@@ -294,7 +294,7 @@ void attend_tokens_vec(const T* qp, T* op, const P* pool, const int32_t* table,
                        const DecodeShape& s) {
   const int64_t hq = s.q_heads, d = s.head_dim;
   // splits per token: enough items for every thread, none under kMinSplitKeys keys
-  const int64_t want = std::max<int64_t>(1, 2 * at::get_num_threads() / std::max<int64_t>(1, rows));
+  const int64_t want = std::max<int64_t>(1, 2 * parallel_threads() / std::max<int64_t>(1, rows));
   std::vector<int64_t> first_item(rows + 1, 0), kv_len(rows);
   for (int64_t t = 0; t < rows; ++t) {
     const int64_t end = places.token_end[t];
@@ -305,7 +305,7 @@ void attend_tokens_vec(const T* qp, T* op, const P* pool, const int32_t* table,
   const int64_t items = first_item[rows];
   std::vector<float> m(items * hq), l(items * hq), acc(items * hq * d);
   const int64_t work_per_item = 2 * hq * d * std::max<int64_t>(1, places.mean_kv_len);
-  at::parallel_for(0, items, grain_for(work_per_item), [&](int64_t begin, int64_t end) {
+  sgl_cpu::parallel_for(0, items, work_per_item, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(hq * d);
     int64_t t = std::upper_bound(first_item.begin(), first_item.end(), begin) - first_item.begin() - 1;
     int64_t widened = -1;
@@ -328,7 +328,7 @@ void attend_tokens_vec(const T* qp, T* op, const P* pool, const int32_t* table,
       }
     }
   });
-  at::parallel_for(0, rows, grain_for(hq * d * 4), [&](int64_t begin, int64_t end) {
+  sgl_cpu::parallel_for(0, rows, hq * d * 4, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i0 = first_item[t];
       merge_partials(op + t * s.out_stride, &m[i0 * hq], &l[i0 * hq], &acc[i0 * hq * d],
@@ -377,7 +377,7 @@ void run_paged_attention(const PagedCall& c, at::Tensor& out) {
   }
 #endif
   const TokenPlaces& places = c.places;
-  at::parallel_for(0, c.rows * kv_heads, grain_for(2 * places.mean_kv_len * d * group),
+  sgl_cpu::parallel_for(0, c.rows * kv_heads, 2 * places.mean_kv_len * d * group,
                    [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc;
     for (int64_t item = begin; item < end; ++item) {

@@ -29,7 +29,7 @@ void rotary_neox_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& 
   const float* sin_p = sin_cache.data_ptr<float>();
   SGL_DISPATCH_FLOATS(x.scalar_type(), "rotary_neox_", [&] {
     scalar_t* xp = x.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, grain_for(heads * 2 * half), [&](int64_t begin, int64_t end) {
+    sgl_cpu::parallel_for(0, rows, heads * 2 * half, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const float* c = cos_p + pos[r] * half;
         const float* s = sin_p + pos[r] * half;

@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SOURCE_FILES = (
+    "parallel.cpp",
     "norm.cpp",
     "activation.cpp",
     "rotary.cpp",
@@ -47,7 +48,14 @@ SOURCE_FILES = (
     "decoder_layer.cpp",
     "bindings.cpp",
 )
-HEADER_FILES = ("common.h", "vec.h", "kernels.h", "decoder_layer.h", "gemm_packed_bf16.h")
+HEADER_FILES = (
+    "common.h",
+    "vec.h",
+    "kernels.h",
+    "decoder_layer.h",
+    "gemm_packed_bf16.h",
+    "parallel.h",
+)
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  # part of the cache key
 TORCH_BATON = "lock"  # torch.utils.file_baton's file in the build directory
 

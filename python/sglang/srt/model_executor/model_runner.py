@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers import cpu_threads
 from sglang.srt.layers.attention.base_attn_backend import create_attention_backend
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import SampleOutput, Sampler
@@ -145,7 +146,9 @@ class ModelRunner:
         threads = self.settings.num_threads
         if not threads and self.device.type == "cpu":
             threads = default_cpu_threads()
-        if threads:
+        if self.device.type == "cpu":
+            cpu_threads.configure(threads or torch.get_num_threads())
+        elif threads:
             torch.set_num_threads(threads)
         if self.settings.random_seed is not None:
             torch.manual_seed(self.settings.random_seed)
@@ -283,6 +286,8 @@ class ModelRunner:
         a captured CUDA graph replays it, anything else runs eagerly."""
         if self.replays_cuda_graph(forward_batch):
             return self.graph_runner.replay(forward_batch)
+        if self.device.type == "cpu":
+            cpu_threads.before_forward(forward_batch.input_ids.shape[0])
         return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
     def sample(
