@@ -26,9 +26,10 @@ Cache (`--cache-dir`, default ~/.cache/sglang-bench), reused by later runs:
   llama.cpp/build/bin/llama-server   built here if absent (cmake, -j2, nice 19; 7-10 min)
   convert-<hash>/            copy of convert_hf_to_gguf.py + conversion/ with the
                              pre-tokenizer workaround (unknown hash -> "gpt-2") and
-                             a BPE fallback when sentencepiece is not installed
-  gguf/demo-<hash>-<type>.gguf  the demo model in GGUF f32 (or bf16: --gguf-type), keyed
-                             by its files' hash
+                             a BPE fallback when sentencepiece is not installed (any
+                             arch, for a checkpoint without tokenizer.model)
+  gguf/demo-<hash>-<type>.gguf  the checkpoint (the demo model unless --model-path) in
+                             GGUF f32 (or bf16: --gguf-type), keyed by its files' hash
 """
 
 from __future__ import annotations
@@ -79,13 +80,20 @@ CMAKE_FLAGS = [
 # Edits to a copy of the converter, (file, text, replacement). It refuses our byte-level
 # BPE tokenizer's pre-tokenizer hash; they use the GPT-2 split, so an unknown hash maps to
 # "gpt-2". And Llama's set_vocab tries sentencepiece first: without the module it fails
-# instead of falling back to the BPE vocab.
+# instead of falling back to the BPE vocab. Other archs (Qwen2/Qwen3, ...) try it first too
+# and fall back only on FileNotFoundError, but the sentencepiece import came before the
+# tokenizer.model check: checked first, a checkpoint without one gets the BPE vocab.
+_SP_IMPORT = "        from sentencepiece import SentencePieceProcessor\n"
+_SP_FILE_CHECK = ("        tokenizer_path = self.dir_model / 'tokenizer.model'\n\n"
+                  "        if not tokenizer_path.is_file():\n"
+                  '            raise FileNotFoundError(f"File not found: {tokenizer_path}")\n')  # fmt: skip
 CONVERTER_PATCHES = [
     ("conversion/base.py", "        if res is None:\n            logger.warning",
      '        if res is None:  # sglang bench: byte-level BPE, GPT-2 split\n'
      '            res = "gpt-2"\n        if res is None:\n            logger.warning'),
     ("conversion/llama.py", "self._set_vocab_sentencepiece()\n        except FileNotFoundError:",
      "self._set_vocab_sentencepiece()\n        except (FileNotFoundError, ModuleNotFoundError):"),
+    ("conversion/base.py", _SP_IMPORT + "\n" + _SP_FILE_CHECK, _SP_FILE_CHECK + "\n" + _SP_IMPORT),
 ]  # fmt: skip
 SERVERS = ("ours", "llama")
 READY_TIMEOUT_S = 300.0
