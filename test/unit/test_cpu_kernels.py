@@ -473,8 +473,10 @@ def test_greedy_sampling_takes_the_kernel_on_strided_logits(native_kernels):
 @pytest.mark.parametrize(
     "rows,k,n",
     # every x-row remainder of the 6-row tile (1-13 rows), an N tail past the 4-row weight
-    # blocks (N % 4), a K tail past the 16-lane vectors (K % 16), K below one vector
-    [(1, 256, 512), (2, 96, 36), (5, 64, 7), (6, 48, 8), (7, 100, 33), (13, 1030, 70), (3, 9, 5)],
+    # blocks (N % 4), a K tail past the 16-lane vectors (K % 16), K below one vector; one
+    # row over long K (the bf16 GEMV's 8-row passes) with N and K tails past them
+    [(1, 256, 512), (2, 96, 36), (5, 64, 7), (6, 48, 8), (7, 100, 33), (13, 1030, 70), (3, 9, 5),
+     (1, 1024, 64), (1, 1030, 75)],
 )
 def test_linear_small_m_matches_torch(kernels, dtype, rows, k, n):
     x, w = torch.randn(rows, k, dtype=dtype), torch.randn(n, k, dtype=dtype) / k**0.5
