@@ -7,8 +7,8 @@ serving processes (HTTP, the client) take a core from a worker, the step waits f
 The kernels' pool (`sgl-kernel/csrc/cpu/parallel.cpp`) lets any thread claim any chunk,
 so the caller never waits for a worker that is off the CPU, and its idle workers sleep
 after 50 us instead of polling through the scheduler's Python. Served at concurrency 1
-on 2 cores (demo model): median ITL 1.73-1.76 -> 1.34-1.38 ms, scheduler CPU per token
-3.4-3.5 -> 2.6 ms.
+on 2 cores (demo model, alternating with the OpenMP-only build in one run): median ITL
+2.1-3.0 -> 1.5-2.2 ms, scheduler CPU per token 4.1-5.8 -> 2.7-3.6 ms (docs/cpu.md).
 
 Two sets of polling workers on a small machine starve each other, so while the pool
 serves, torch runs on one thread (its ops at these sizes run inline anyway), and larger
