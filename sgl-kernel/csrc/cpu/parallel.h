@@ -9,8 +9,9 @@
 // a worker that never woke costs nothing, and one preempted mid-chunk costs one chunk.
 // Idle workers spin briefly, then sleep, leaving the core to other processes.
 //
-// The pool serves small ranges, OpenMP large ones (see parallel_for below). Results do not
-// depend on which thread runs a chunk: a chunk's outputs are its own.
+// The pool serves while set_pool_threads turns it on (forwards of a few tokens, chosen per
+// forward by sglang.srt.layers.cpu_threads), OpenMP otherwise. Results do not depend on
+// which thread runs a chunk: a chunk's outputs are its own.
 #pragma once
 
 #include <ATen/Parallel.h>
