@@ -102,90 +102,70 @@ void tile4(const T* x_rows, const W* w_rows, T* out_rows, const T* bias, int64_t
 }
 
 #if defined(SGL_HAVE_BF16_DOT)
-// tile4 for bf16 x over bf16 W on CPUs with the AVX-512 bf16 dot product (AMD Zen 4+,
-// Intel Cooper Lake+): one vdpbf16ps multiplies 32 bf16 pairs and adds them pairwise into
-// 16 float32 lanes, twice the multiply-adds of an FMA over widened vectors and no widening
-// of either operand. Products of bf16 values are exact in float32; the instruction flushes
-// denormals and rounds each accumulation (nearest even), so sums agree with the widening
-// path to float32 rounding. The K tail (K % 32) is a scalar dot.
-template <int XR>
-void tile4_bf16_dot(const c10::BFloat16* x_rows, const c10::BFloat16* w_rows,
-                    c10::BFloat16* out_rows, const c10::BFloat16* bias, int64_t n0,
-                    const GemmCall& c, bool prefetch) {
+// The tile for bf16 x over bf16 W on CPUs with the AVX-512 bf16 dot product (AMD Zen 4+,
+// Intel Cooper Lake+): XR rows of x against WR weight rows (a multiple of 4). One vdpbf16ps
+// multiplies 32 bf16 pairs and adds them pairwise into 16 float32 lanes, twice the
+// multiply-adds of an FMA over widened vectors and no widening of either operand. Products
+// of bf16 values are exact in float32; the instruction flushes denormals and rounds each
+// accumulation (nearest even), so sums agree with the widening path to float32 rounding.
+// The K tail (K % 32) is a scalar dot.
+template <int XR, int WR = kRowsPerTile>
+void tile_bf16_dot(const c10::BFloat16* x_rows, const c10::BFloat16* w_rows,
+                   c10::BFloat16* out_rows, const c10::BFloat16* bias, int64_t n0,
+                   const GemmCall& c, bool prefetch) {
+  static_assert(WR % 4 == 0, "outputs are reduced and stored 4 at a time");
   constexpr int64_t kPairWidth = 2 * kVecWidth;  // bf16 elements per vdpbf16ps
-  const c10::BFloat16* next = w_rows + kRowsPerTile * c.k;
-  __m512 acc[XR][kRowsPerTile];
+  const c10::BFloat16* next = w_rows + WR * c.k;
+  __m512 acc[XR][WR];
   for (int r = 0; r < XR; ++r)
-    for (int j = 0; j < kRowsPerTile; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int j = 0; j < WR; ++j) acc[r][j] = _mm512_setzero_ps();
   const int64_t k_vec = c.k - c.k % kPairWidth;
   for (int64_t i = 0; i < k_vec; i += kPairWidth) {
     if (prefetch) {  // one 64-byte line of each next weight row per step
-      for (int j = 0; j < kRowsPerTile; ++j) {
+      for (int j = 0; j < WR; ++j) {
         _mm_prefetch(reinterpret_cast<const char*>(next + j * c.k + i), _MM_HINT_T0);
       }
     }
-    __m512bh w[kRowsPerTile];
-    for (int j = 0; j < kRowsPerTile; ++j) {
+    __m512bh w[WR];
+    for (int j = 0; j < WR; ++j) {
       w[j] = (__m512bh)_mm512_loadu_si512(w_rows + j * c.k + i);
     }
     for (int r = 0; r < XR; ++r) {
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(x_rows + r * c.x_stride + i);
-      for (int j = 0; j < kRowsPerTile; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], xv, w[j]);
+      for (int j = 0; j < WR; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], xv, w[j]);
     }
   }
   for (int r = 0; r < XR; ++r) {
-    __m128 sums4 = vreduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-    if (k_vec == c.k) {  // no K tail: the 4 outputs rounded (nearest even) and stored at once
-      if (bias != nullptr) {
-        const __m128i b = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bias + n0)));
-        sums4 = _mm_add_ps(sums4, _mm_castsi128_ps(_mm_slli_epi32(b, 16)));
+    for (int j0 = 0; j0 < WR; j0 += 4) {
+      const int64_t col = n0 + j0;
+      __m128 sums4 = vreduce4(acc[r][j0], acc[r][j0 + 1], acc[r][j0 + 2], acc[r][j0 + 3]);
+      if (k_vec == c.k) {  // no K tail: the 4 outputs rounded (nearest even) and stored at once
+        if (bias != nullptr) {
+          const __m128i b = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bias + col)));
+          sums4 = _mm_add_ps(sums4, _mm_castsi128_ps(_mm_slli_epi32(b, 16)));
+        }
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(out_rows + r * c.n + col),
+                         (__m128i)_mm_cvtneps_pbh(sums4));
+        continue;
       }
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out_rows + r * c.n + n0),
-                       (__m128i)_mm_cvtneps_pbh(sums4));
-      continue;
-    }
-    alignas(16) float sums[kRowsPerTile];
-    _mm_store_ps(sums, sums4);
-    const c10::BFloat16* xr = x_rows + r * c.x_stride;
-    for (int j = 0; j < kRowsPerTile; ++j) {
-      const float tail = dot_range(xr, w_rows + j * c.k, k_vec, c.k);
-      store_out(out_rows + r * c.n, n0 + j, sums[j] + tail, bias);
+      alignas(16) float sums[4];
+      _mm_store_ps(sums, sums4);
+      const c10::BFloat16* xr = x_rows + r * c.x_stride;
+      for (int j = 0; j < 4; ++j) {
+        const float tail = dot_range(xr, w_rows + (j0 + j) * c.k, k_vec, c.k);
+        store_out(out_rows + r * c.n, col + j, sums[j] + tail, bias);
+      }
     }
   }
 }
-#endif
 
-#if defined(SGL_HAVE_BF16_DOT)
-constexpr int kGemvRows = 8;  // weight rows per pass of the one-row (GEMV) bf16 kernel
-// Shorter rows keep tile4's path, whose prefetch of the next block serves them better
-// (the demo model's K = 256, its weights in L3: 4 rows + prefetch 221.8 us at 8192 x 256
-// against 243.8 us for 8 rows).
+// One row of bf16 x over long K (>= kGemvMinK) takes 8 weight rows a pass (8 read streams):
+// a one-row call is bound by how many cache lines are in flight; 4 rows at a time reached
+// 18-21 GB/s from memory on Qwen3-0.6B's shapes (2 threads), 8 rows 22-27. Shorter rows
+// keep the 4-row blocks, whose prefetch of the next block serves them better (the demo
+// model's K = 256, its weights in L3: 221.8 us at 8192 x 256 against 243.8 us for 8 rows).
+constexpr int kGemvRows = 8;
 constexpr int64_t kGemvMinK = 512;
-
-// out[0, n0..n0+8) for one row of bf16 x: 8 weight rows stream at once (8 accumulators).
-// A one-row call is bound by how many cache lines are in flight; 4 rows at a time
-// reached 18-21 GB/s from memory on Qwen3-0.6B's shapes (2 threads), 8 rows 22-27.
-void gemv8_bf16_dot(const c10::BFloat16* x, const c10::BFloat16* w_rows, c10::BFloat16* out,
-                    const c10::BFloat16* bias, int64_t n0, const GemmCall& c) {
-  constexpr int64_t kPairWidth = 2 * kVecWidth;
-  __m512 acc[kGemvRows];
-  for (int j = 0; j < kGemvRows; ++j) acc[j] = _mm512_setzero_ps();
-  const int64_t k_vec = c.k - c.k % kPairWidth;
-  for (int64_t i = 0; i < k_vec; i += kPairWidth) {
-    const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i);
-    for (int j = 0; j < kGemvRows; ++j) {
-      const __m512bh w = (__m512bh)_mm512_loadu_si512(w_rows + j * c.k + i);
-      acc[j] = _mm512_dpbf16_ps(acc[j], xv, w);
-    }
-  }
-  alignas(16) float sums[kGemvRows];
-  _mm_store_ps(sums, vreduce4(acc[0], acc[1], acc[2], acc[3]));
-  _mm_store_ps(sums + 4, vreduce4(acc[4], acc[5], acc[6], acc[7]));
-  for (int j = 0; j < kGemvRows; ++j) {
-    const float tail = dot_range(x, w_rows + j * c.k, k_vec, c.k);
-    store_out(out, n0 + j, sums[j] + tail, bias);
-  }
-}
 #endif
 
 // XR rows of x against the four weight rows at w_rows: the bf16 dot-product tile for bf16
@@ -195,7 +175,7 @@ void tile(const T* x_rows, const W* w_rows, T* out_rows, const T* bias, int64_t 
           const GemmCall& c, bool prefetch) {
 #if defined(SGL_HAVE_BF16_DOT)
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<W, c10::BFloat16>) {
-    tile4_bf16_dot<XR>(x_rows, w_rows, out_rows, bias, n0, c, prefetch);
+    tile_bf16_dot<XR>(x_rows, w_rows, out_rows, bias, n0, c, prefetch);
     return;
   }
 #endif
@@ -233,7 +213,8 @@ void run_gemm(T* out, const T* x, const W* w, const T* bias, const GemmCall& c) 
       const int64_t passes = c.n / kGemvRows;
       sgl_cpu::parallel_for(0, passes, kGemvRows * c.k, [&](int64_t begin, int64_t end) {
         for (int64_t p = begin; p < end; ++p) {
-          gemv8_bf16_dot(x, w + p * kGemvRows * c.k, out, bias, p * kGemvRows, c);
+          tile_bf16_dot<1, kGemvRows>(x, w + p * kGemvRows * c.k, out, bias, p * kGemvRows, c,
+                                      /*prefetch=*/false);
         }
       });
       for (int64_t col = passes * kGemvRows; col < c.n; ++col) row1(x, w + col * c.k, out, bias, col, c);

@@ -46,6 +46,18 @@ inline void cpu_relax() {
 
 thread_local bool t_in_task = false;  // inside a chunk, or submitting: nested calls run inline
 
+// Sets t_in_task for a scope and puts back what it was (also when the scope throws).
+class InTask {
+ public:
+  InTask() : outer_(t_in_task) { t_in_task = true; }
+  ~InTask() { t_in_task = outer_; }
+  InTask(const InTask&) = delete;
+  InTask& operator=(const InTask&) = delete;
+
+ private:
+  bool outer_;
+};
+
 class Pool {
  public:
   explicit Pool(int64_t workers) {
@@ -93,15 +105,15 @@ class Pool {
     } while (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel,
                                             std::memory_order_acquire));
     const int64_t b = begin_ + int64_t(next) * chunk_;
-    const bool nested = t_in_task;
-    t_in_task = true;
-    try {
-      fn_(ctx_, b, std::min(end_, b + chunk_));
-    } catch (...) {
-      std::lock_guard<std::mutex> guard(error_mu_);
-      if (!error_) error_ = std::current_exception();
+    {
+      InTask in_task;
+      try {
+        fn_(ctx_, b, std::min(end_, b + chunk_));
+      } catch (...) {
+        std::lock_guard<std::mutex> guard(error_mu_);
+        if (!error_) error_ = std::current_exception();
+      }
     }
-    t_in_task = nested;
     done_.fetch_add(1, std::memory_order_release);
     return true;
   }
@@ -184,14 +196,8 @@ void parallel_for_chunks(int64_t begin, int64_t end, int64_t grain, int64_t thre
   const int64_t chunks_wanted = std::min(chunks_by_grain, max_chunks);
   const int64_t chunk = (n + chunks_wanted - 1) / chunks_wanted;
   const int64_t chunks = (n + chunk - 1) / chunk;
-  t_in_task = true;
-  try {
-    pool_for(threads)->run(begin, end, chunk, chunks, fn, ctx);
-  } catch (...) {
-    t_in_task = false;
-    throw;
-  }
-  t_in_task = false;
+  InTask in_task;
+  pool_for(threads)->run(begin, end, chunk, chunks, fn, ctx);
 }
 
 void set_pool_threads(int64_t threads) { g_pool_threads.store(std::max<int64_t>(0, threads)); }
