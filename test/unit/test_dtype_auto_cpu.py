@@ -74,3 +74,36 @@ def test_unreadable_cpuinfo_means_no_native_half(tmp_path):
 def test_the_log_names_what_was_looked_for():
     assert resolvers.native_half_flags_wanted("bfloat16") == "amx_bf16, or avx512_bf16 on AuthenticAMD"
     assert resolvers.native_half_flags_wanted("float16") == "amx_fp16"
+
+
+@pytest.mark.parametrize(
+    "checkpoint,dtype,kv,device,expected",
+    [
+        ("bfloat16", "float32", "auto", "cpu", "bfloat16"),  # widened compute, bf16 K/V
+        ("float16", "float32", "auto", "cpu", "float16"),
+        ("half", "float32", "auto", "cpu", "float16"),
+        ("bfloat16", "float32", "float32", "cpu", None),  # the operator's choice stands
+        ("bfloat16", "bfloat16", "auto", "cpu", None),  # native bf16: the model's dtype
+        ("float32", "float32", "auto", "cpu", None),
+        ("bfloat16", "float32", "auto", "cuda", None),
+    ],
+)
+def test_kv_cache_auto_keeps_the_checkpoint_dtype_under_float32_compute(
+    tmp_path, checkpoint, dtype, kv, device, expected
+):
+    c = SimpleNamespace(dtype=dtype, kv_cache_dtype=kv, device=device,
+                        model_path=_checkpoint(tmp_path, checkpoint))
+    decided = resolvers.resolve_kv_cache_dtype(c)
+    assert (decided[1]["kv_cache_dtype"] if decided else None) == expected
+
+
+def test_kv_cache_auto_on_the_demo_model_is_declared_and_served(tmp_path):
+    """Resolved through ServerArgs: the pool's dtype shows as a declaration with its source."""
+    from sglang.srt.arg_groups.overrides import resolution_result, stash_of
+    from sglang.srt.server_args import prepare_server_args
+
+    sa = prepare_server_args(["--model-path", _checkpoint(tmp_path, "bfloat16"), "--device", "cpu",
+                              "--dtype", "float32"])
+    sa.resolve_once()
+    assert resolution_result(sa, "kv_cache_dtype") == "bfloat16"
+    assert stash_of(sa).sources_of("kv_cache_dtype") == ["kv_dtype_from_checkpoint"]

@@ -28,7 +28,10 @@ constexpr int64_t kPanel = 2 * kVecWidth;  // output columns per panel: two vect
 // rows per tile: 2 x kTileRows accumulators + 2 W vectors + 1 x broadcast registers
 constexpr int kTileRows = kVecRegisters == 32 ? 12 : 6;
 // panel rows per K block: 16 KiB of panel on AVX-512 (8 KiB on AVX2) beside a tile's x
-constexpr int64_t kKBlock = 128;
+#ifndef SGL_KBLOCK
+#define SGL_KBLOCK 128
+#endif
+constexpr int64_t kKBlock = SGL_KBLOCK;
 constexpr int64_t kXBlockBytes = 256 << 10;  // see m_block_rows
 
 struct PackedCall {
@@ -137,7 +140,7 @@ void run_packed(float* out, const float* x, const W* w, const PackedCall& c) {
   const int64_t panels = (c.n + kPanel - 1) / kPanel;
   const int64_t m_block = m_block_rows(c);
   sgl_cpu::parallel_for(0, panels, kPanel * c.k * c.m, [&](int64_t begin, int64_t end) {
-    std::vector<float> panel(c.k * kPanel);
+    const Scratch<float, 0> panel(c.k * kPanel);
     for (int64_t m0 = 0; m0 < c.m; m0 += m_block) {
       run_panels(out, x, w, c, panel.data(), begin, end, m0, std::min(c.m, m0 + m_block));
     }
