@@ -28,10 +28,7 @@ constexpr int64_t kPanel = 2 * kVecWidth;  // output columns per panel: two vect
 // rows per tile: 2 x kTileRows accumulators + 2 W vectors + 1 x broadcast registers
 constexpr int kTileRows = kVecRegisters == 32 ? 12 : 6;
 // panel rows per K block: 16 KiB of panel on AVX-512 (8 KiB on AVX2) beside a tile's x
-#ifndef SGL_KBLOCK
-#define SGL_KBLOCK 128
-#endif
-constexpr int64_t kKBlock = SGL_KBLOCK;
+constexpr int64_t kKBlock = 128;
 constexpr int64_t kXBlockBytes = 256 << 10;  // see m_block_rows
 
 struct PackedCall {
