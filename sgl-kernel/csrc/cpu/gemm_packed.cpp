@@ -67,10 +67,17 @@ template <int R>
 void panel_tile(const float* x, const float* panel, float* out, int64_t n0, int64_t cols,
                 const PackedCall& c, int64_t k0, int64_t k1) {
   const bool first = k0 == 0, last = k1 == c.k;
+  // Accumulators start from zero or from out in separate branches: with one conditional
+  // expression per register GCC zeroed stack copies of lo and hi (two memset calls per
+  // tile) and moved them through the stack around the loop, 4-5% of a 256-row call.
   vfloat lo[R], hi[R];
-  for (int r = 0; r < R; ++r) {
-    lo[r] = first ? vzero() : vload(out + r * c.n + n0);
-    hi[r] = first ? vzero() : vload(out + r * c.n + n0 + kVecWidth);
+  if (first) {
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = vzero();
+  } else {
+    for (int r = 0; r < R; ++r) {
+      lo[r] = vload(out + r * c.n + n0);
+      hi[r] = vload(out + r * c.n + n0 + kVecWidth);
+    }
   }
   for (int64_t kk = k0; kk < k1; ++kk) {
     const vfloat w_lo = vload(panel + kk * kPanel);
