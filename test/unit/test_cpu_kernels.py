@@ -170,7 +170,7 @@ def _reference_decode(q, pool, table, rows, lens, scale, window, cap, hkv):
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (8, 1)])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (8, 1), (6, 2)])  # groups 1, 4, 8, 3 (a pair + one)
 @pytest.mark.parametrize("head_dim", [48, 64, 128])
 def test_decode_attention_reads_the_pool_through_req_to_token(
     kernels, page_size, hq, hkv, head_dim
@@ -273,6 +273,7 @@ def test_extend_lens_must_cover_q_rows(kernels):
         (torch.bfloat16, 4, [30, 7], 8, 64),
         (torch.bfloat16, 1, [90, 3], 4, 128),
         (torch.float16, 1, [90, 3], 4, 128),
+        (torch.bfloat16, 1, [70, 9], 6, 64),  # group 3: a pair of query heads, then one
     ],
 )
 def test_decode_attention_half_precision_pools(kernels, dtype, page_size, lens, hq, d):

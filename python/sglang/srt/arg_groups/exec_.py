@@ -46,7 +46,8 @@ class ExecKernelArgs:
     )
     kv_cache_dtype: str = arg(
         "auto",
-        "KV cache dtype; 'auto' follows the model dtype.",
+        "KV cache dtype; 'auto' follows the model dtype (on cpu a bf16/fp16 checkpoint computed "
+        "in float32 keeps its K/V in the checkpoint's dtype).",
         choices=KV_CACHE_DTYPE_CHOICES,
         unsupported="fp8 KV cache",
         unsupported_values=("fp8_e4m3", "fp8_e5m2"),
