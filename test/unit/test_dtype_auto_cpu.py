@@ -28,13 +28,20 @@ def _checkpoint(tmp_path: Path, dtype: str) -> str:
 
 
 def _resolve(tmp_path, monkeypatch, dtype: str, cpuinfo: str, device: str = "cpu") -> str:
+    return _decide(tmp_path, monkeypatch, dtype, cpuinfo, device)["dtype"]
+
+
+def _decide(tmp_path, monkeypatch, dtype: str, cpuinfo: str, device: str = "cpu",
+            kv_cache_dtype: str = "auto") -> dict:
+    """What resolve_dtype declares for a checkpoint of `dtype` on a CPU with `cpuinfo`."""
     info = tmp_path / "cpuinfo"
     info.write_text(cpuinfo)
     real = resolvers.cpu_native_half_flags
     monkeypatch.setattr(resolvers, "cpu_native_half_flags", lambda d: real(d, info))
-    c = SimpleNamespace(dtype="auto", model_path=_checkpoint(tmp_path, dtype), device=device)
+    c = SimpleNamespace(dtype="auto", model_path=_checkpoint(tmp_path, dtype), device=device,
+                        kv_cache_dtype=kv_cache_dtype)
     _, decided = resolvers.resolve_dtype(c)
-    return decided["dtype"]
+    return decided
 
 
 @pytest.mark.parametrize(
@@ -77,33 +84,36 @@ def test_the_log_names_what_was_looked_for():
 
 
 @pytest.mark.parametrize(
-    "checkpoint,dtype,kv,device,expected",
+    "checkpoint,cpuinfo,kv,expected",
     [
-        ("bfloat16", "float32", "auto", "cpu", "bfloat16"),  # widened compute, bf16 K/V
-        ("float16", "float32", "auto", "cpu", "float16"),
-        ("half", "float32", "auto", "cpu", "float16"),
-        ("bfloat16", "float32", "float32", "cpu", None),  # the operator's choice stands
-        ("bfloat16", "bfloat16", "auto", "cpu", None),  # native bf16: the model's dtype
-        ("float32", "float32", "auto", "cpu", None),
-        ("bfloat16", "float32", "auto", "cuda", None),
+        ("bfloat16", EPYC_AVX2, "auto", "bfloat16"),  # widened compute, bf16 K/V
+        ("float16", XEON_BF16_NO_AMX, "auto", "float16"),
+        ("bfloat16", EPYC_AVX2, "float32", None),  # the operator's choice stands
+        ("bfloat16", EPYC_BF16, "auto", None),  # native bf16: K/V follow the model dtype
+        ("float32", EPYC_AVX2, "auto", None),
     ],
 )
-def test_kv_cache_auto_keeps_the_checkpoint_dtype_under_float32_compute(
-    tmp_path, checkpoint, dtype, kv, device, expected
+def test_widened_half_checkpoint_keeps_its_kv_dtype(
+    tmp_path, monkeypatch, checkpoint, cpuinfo, kv, expected
 ):
-    c = SimpleNamespace(dtype=dtype, kv_cache_dtype=kv, device=device,
-                        model_path=_checkpoint(tmp_path, checkpoint))
-    decided = resolvers.resolve_kv_cache_dtype(c)
-    assert (decided[1]["kv_cache_dtype"] if decided else None) == expected
+    decided = _decide(tmp_path, monkeypatch, checkpoint, cpuinfo, kv_cache_dtype=kv)
+    assert decided.get("kv_cache_dtype") == expected
 
 
-def test_kv_cache_auto_on_the_demo_model_is_declared_and_served(tmp_path):
-    """Resolved through ServerArgs: the pool's dtype shows as a declaration with its source."""
+def test_kv_dtype_is_declared_by_dtype_auto_and_explicit_float32_keeps_float32(
+    tmp_path, monkeypatch
+):
+    """Through ServerArgs: the bf16 K/V show as dtype_auto's declaration; --dtype float32
+    (the operator asking for float32) leaves K/V at the model dtype."""
     from sglang.srt.arg_groups.overrides import resolution_result, stash_of
     from sglang.srt.server_args import prepare_server_args
 
-    sa = prepare_server_args(["--model-path", _checkpoint(tmp_path, "bfloat16"), "--device", "cpu",
-                              "--dtype", "float32"])
+    monkeypatch.setattr(resolvers, "cpu_native_half_flags", lambda d: "")
+    path = _checkpoint(tmp_path, "bfloat16")
+    sa = prepare_server_args(["--model-path", path, "--device", "cpu"])
     sa.resolve_once()
     assert resolution_result(sa, "kv_cache_dtype") == "bfloat16"
-    assert stash_of(sa).sources_of("kv_cache_dtype") == ["kv_dtype_from_checkpoint"]
+    assert stash_of(sa).sources_of("kv_cache_dtype") == ["dtype_auto"]
+    sa = prepare_server_args(["--model-path", path, "--device", "cpu", "--dtype", "float32"])
+    sa.resolve_once()
+    assert resolution_result(sa, "kv_cache_dtype") == "auto"

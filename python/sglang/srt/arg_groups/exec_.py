@@ -46,8 +46,8 @@ class ExecKernelArgs:
     )
     kv_cache_dtype: str = arg(
         "auto",
-        "KV cache dtype; 'auto' follows the model dtype (on cpu a bf16/fp16 checkpoint computed "
-        "in float32 keeps its K/V in the checkpoint's dtype).",
+        "KV cache dtype; 'auto' follows the model dtype (on cpu, where dtype auto computes a "
+        "bf16/fp16 checkpoint in float32, K/V stay in the checkpoint's dtype).",
         choices=KV_CACHE_DTYPE_CHOICES,
         unsupported="fp8 KV cache",
         unsupported_values=("fp8_e4m3", "fp8_e5m2"),

@@ -130,38 +130,32 @@ def resolve_dtype(c: Any) -> Resolved:
     dtype = _config_dtype(read_hf_config(c.model_path))
     if dtype == "half":
         dtype = "float16"
+    decided = {"dtype": dtype}
     if c.device == "cpu" and dtype in HALF_DTYPES:
         native = cpu_native_half_flags(dtype)
         if native:
             logger.info("dtype auto: checkpoint is %s, kept on cpu (%s)", dtype, native)
         else:
+            decided = {"dtype": "float32", **_kv_kept_in_checkpoint_dtype(c, dtype)}
             logger.info(
-                "dtype auto: checkpoint is %s, running float32 on cpu (no %s)",
+                "dtype auto: checkpoint is %s, running float32 on cpu (no %s); K/V kept in %s",
                 dtype,
                 native_half_flags_wanted(dtype),
+                decided.get("kv_cache_dtype", "float32 (--kv-cache-dtype)"),
             )
-            dtype = "float32"
-    return "dtype_auto", {"dtype": dtype}
+    return "dtype_auto", decided
 
 
-def resolve_kv_cache_dtype(c: Any) -> Resolved:
-    """`--kv-cache-dtype auto` on CPU: a bf16/fp16 checkpoint computed in float32 (a CPU
-    without native half matmuls, or --dtype float32) keeps its K/V in the checkpoint's
-    dtype, as it keeps its linear weights: half the bytes the decode attention reads, which
-    bounds it past a batch of ~8 (offline demo model, 256 prompts: 1.15-1.25x the tokens/s
-    of a float32 pool). --kv-cache-dtype float32 keeps float32 K/V."""
-    if c.kv_cache_dtype not in (None, "auto") or c.device != "cpu" or c.dtype != "float32":
-        return None
-    checkpoint = _config_dtype(read_hf_config(c.model_path))
-    checkpoint = "float16" if checkpoint == "half" else checkpoint
-    if checkpoint not in ("float16", "bfloat16"):
-        return None
-    logger.info(
-        "kv_cache_dtype auto: %s, the checkpoint's dtype (float32 compute; "
-        "--kv-cache-dtype float32 for float32 K/V)",
-        checkpoint,
-    )
-    return "kv_dtype_from_checkpoint", {"kv_cache_dtype": checkpoint}
+def _kv_kept_in_checkpoint_dtype(c: Any, checkpoint_dtype: str) -> dict[str, Any]:
+    """When dtype auto widens a bf16/fp16 checkpoint to float32 compute on CPU, its K/V stay
+    in the checkpoint's dtype, as its linear weights do (unless --kv-cache-dtype says
+    otherwise): half the bytes the decode attention reads, which bounds it past a batch of
+    ~8 (offline demo model, 256 prompts: 1.1-1.25x the tokens/s of a float32 pool), and the
+    K/V a CPU with native bf16 stores for the same checkpoint. An explicit --dtype float32
+    keeps float32 K/V."""
+    if c.kv_cache_dtype not in (None, "auto"):
+        return {}
+    return {"kv_cache_dtype": checkpoint_dtype}
 
 
 def cpu_native_half_flags(dtype: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
@@ -306,7 +300,6 @@ RESOLVERS: tuple[Resolver, ...] = (
     resolve_served_model_name,
     resolve_context_length,
     resolve_dtype,
-    resolve_kv_cache_dtype,
     resolve_attention_backend,
     resolve_sampling_backend,
     resolve_chunked_prefill_size,
