@@ -170,7 +170,8 @@ def _reference_decode(q, pool, table, rows, lens, scale, window, cap, hkv):
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (8, 1), (6, 2)])  # groups 1, 4, 8, 3 (a pair + one)
+# groups 1, 4, 8 and 3 (a pair of query heads per KV head, then one)
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (8, 1), (6, 2)])
 @pytest.mark.parametrize("head_dim", [48, 64, 128])
 def test_decode_attention_reads_the_pool_through_req_to_token(
     kernels, page_size, hq, hkv, head_dim

@@ -11,10 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <optional>
 #include <type_traits>
-#include <vector>
 
 #include "parallel.h"
 
@@ -111,33 +109,6 @@ inline bool check_linear_out_bias(const at::Tensor& out, const at::Tensor& x, co
   }
   return has_bias;
 }
-
-// Scratch memory for one kernel call, not zeroed. Up to kKeptScratchBytes it is the
-// calling thread's buffer for `Slot`, kept from call to call: a fresh allocation per call
-// cost a zero-fill and, once freed memory went back to the system, a page fault per 4 KiB
-// (2.5% of a 256-row linear_packed). Larger requests get their own allocation, freed with
-// the Scratch. Two live Scratch objects of one thread need different slots.
-constexpr int64_t kKeptScratchBytes = 1 << 20;
-
-template <typename T, int Slot>
-class Scratch {
- public:
-  explicit Scratch(int64_t n) {
-    if (n * int64_t(sizeof(T)) > kKeptScratchBytes) {
-      owned_.reset(new T[n]);
-      data_ = owned_.get();
-      return;
-    }
-    thread_local std::vector<T> kept;
-    if (int64_t(kept.size()) < n) kept.resize(n);
-    data_ = kept.data();
-  }
-  T* data() const { return data_; }
-
- private:
-  std::unique_ptr<T[]> owned_;
-  T* data_;
-};
 
 }  // namespace sgl_cpu
 

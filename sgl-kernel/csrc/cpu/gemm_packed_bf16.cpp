@@ -144,7 +144,7 @@ void linear_packed_bf16_dot(at::Tensor& out, const at::Tensor& x, const at::Tens
   const auto* xp = x.data_ptr<c10::BFloat16>();
   const auto* wp = w.data_ptr<c10::BFloat16>();
   sgl_cpu::parallel_for(0, panels, kPanel * c.k * c.m, [&](int64_t begin, int64_t end) {
-    const Scratch<uint32_t, 0> panel(c.pairs * kPanel);
+    std::vector<uint32_t> panel(c.pairs * kPanel);
     for (int64_t m0 = 0; m0 < c.m; m0 += m_block) {
       run_panels(op, xp, wp, c, panel.data(), begin, end, m0, std::min(c.m, m0 + m_block));
     }

@@ -138,10 +138,10 @@ def resolve_dtype(c: Any) -> Resolved:
         else:
             decided = {"dtype": "float32", **_kv_kept_in_checkpoint_dtype(c, dtype)}
             logger.info(
-                "dtype auto: checkpoint is %s, running float32 on cpu (no %s); K/V kept in %s",
+                "dtype auto: checkpoint is %s, running float32 on cpu (no %s); K/V in %s",
                 dtype,
                 native_half_flags_wanted(dtype),
-                decided.get("kv_cache_dtype", "float32 (--kv-cache-dtype)"),
+                decided.get("kv_cache_dtype", f"{c.kv_cache_dtype} (--kv-cache-dtype)"),
             )
     return "dtype_auto", decided
 
