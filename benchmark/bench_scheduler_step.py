@@ -2,7 +2,7 @@
 the model forward goes.
 
     python benchmark/bench_scheduler_step.py [--batch-size 1 32] [--output-len 128]
-        [--num-threads 2] [--rounds 3]
+        [--num-threads 2] [--rounds 3] [--max-total-tokens N]
 
 Runs the real Scheduler on the bundled demo model with fake queues (as
 test/srt/test_scheduler.py does): `--batch-size` greedy requests of 128 prompt
@@ -49,7 +49,7 @@ class Clock:
         return timed
 
 
-def build_scheduler(num_threads: int):
+def build_scheduler(num_threads: int, max_total_tokens: int | None = None):
     from sglang.demo_models import demo_target_path
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.managers.scheduler import Scheduler
@@ -58,7 +58,8 @@ def build_scheduler(num_threads: int):
 
     model_dir = str(demo_target_path())
     ctx = get_context().override_server_args(
-        model_path=model_dir, device="cpu", num_threads=num_threads
+        model_path=model_dir, device="cpu", num_threads=num_threads,
+        max_total_tokens=max_total_tokens,
     )
     ctx.install()
     config = ModelConfig(model_dir)
@@ -128,8 +129,10 @@ def main() -> None:
     parser.add_argument("--num-threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stub-model", action="store_true")
+    parser.add_argument("--max-total-tokens", type=int, default=None,
+                        help="KV pool size (the CPU default holds 32,768 tokens: too few for 256 x 256)")
     args = parser.parse_args()
-    sched = build_scheduler(args.num_threads)
+    sched = build_scheduler(args.num_threads, args.max_total_tokens)
     run_round(sched, 1, 8, -1)  # warm-up
     for r in range(args.rounds):
         for bs in args.batch_size:

@@ -585,6 +585,16 @@ def test_linear_packed_matches_torch(kernels, w_dtype, rows, k, n):
         torch.testing.assert_close(out, F.linear(x, w.float(), bias), atol=1e-4, rtol=1e-4)
 
 
+def test_linear_packed_with_no_input_columns_gives_the_bias(kernels):
+    """K = 0: every sum is empty, so the output is the bias (zeros without one), as F.linear
+    gives; the tile starts its sums from the first K column and must not run at all."""
+    x, w, b = torch.randn(5, 0), torch.randn(3, 0).bfloat16(), torch.randn(3)
+    for bias in (None, b):
+        out = torch.full((5, 3), float("nan"))
+        kernels.linear_packed(out, x, w, bias)
+        torch.testing.assert_close(out, F.linear(x, w.float(), bias))
+
+
 @pytest.mark.parametrize(
     "rows,k,n",
     # a 12-row tile and M tails, N tails (n % 32), K tails (odd K: a zero-padded pair; pairs

@@ -146,6 +146,24 @@ constexpr int64_t kKeysPerStep = 4;  // keys whose scores one vreduce4 finishes
 // Registers (AVX2's 16): 2 heads x 4 keys accumulators + a key vector + 2 q vectors.
 constexpr int64_t kHeadsPerPass = 2;
 
+// How far ahead of the key loop the K and V rows of a slot are prefetched. The pool of a
+// large batch does not stay cached between steps, and the hardware prefetcher misses the
+// pattern (a slot's K rows read in the score pass, its V rows a pass later, slots
+// scattered): prefetching 8 keys ahead made a batch-256 x 192-key bf16 call 17-20% faster
+// (AVX2 EPYC, A/B alternating); 4, 12 and 16 keys ahead measured the same as 8.
+constexpr int64_t kPrefetchKeys = 8;
+
+// K and V rows of the slots of keys [j, j + kKeysPerStep), where they exist, into L1.
+template <typename T>
+inline void prefetch_slots(const T* pool, const int32_t* slots, int64_t j, int64_t n,
+                           int64_t slot_stride) {
+  const int64_t bytes = slot_stride * int64_t(sizeof(T));
+  for (int64_t kk = j; kk < std::min(n, j + kKeysPerStep); ++kk) {
+    const char* p = reinterpret_cast<const char*>(pool + int64_t(slots[kk]) * slot_stride);
+    for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  }
+}
+
 // scores[qh * kKeyBlock + 0..3] of query heads qh0 .. qh0 + G - 1 (sharing KV head h): the
 // scaled (capped) dot products with 4 keys, reduced together (one horizontal reduction per
 // 4 keys, not per key).
@@ -252,6 +270,7 @@ void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int6
     const int64_t bn = std::min(kKeyBlock, n - b0);
     int64_t jj = 0;
     for (; jj + kKeysPerStep <= bn; jj += kKeysPerStep) {
+      prefetch_slots(pool, slots, b0 + jj + kPrefetchKeys, n, s.slot_stride);
       scores4(qf, pool, slots + b0 + jj, s, nvec, scores + jj);
     }
     for (; jj < bn; ++jj) {
