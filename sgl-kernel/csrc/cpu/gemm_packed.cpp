@@ -147,15 +147,22 @@ void run_panels(float* out, const float* x, const W* w, const PackedCall& c, flo
   }
 }
 
+// Work units are (M block, panel) pairs, M block major, claimed in chunks: a thread's
+// chunk mostly stays in one M block, so its x rows stay in L2 across the chunk's panels.
 template <typename W>
 void run_packed(float* out, const float* x, const W* w, const PackedCall& c) {
   const int64_t panels = (c.n + kPanel - 1) / kPanel;
   const int64_t m_block = m_block_rows(c);
-  sgl_cpu::parallel_for(0, panels, kPanel * c.k * c.m, [&](int64_t begin, int64_t end) {
+  const int64_t m_blocks = (c.m + m_block - 1) / m_block;
+  const int64_t work_per_unit = kPanel * c.k * std::min(c.m, m_block);
+  sgl_cpu::parallel_for_claimed(0, m_blocks * panels, work_per_unit, [&](int64_t begin, int64_t end) {
     // every entry is written by pack_panel before it is read: no zero fill
     std::unique_ptr<float[]> panel(new float[c.k * kPanel]);
-    for (int64_t m0 = 0; m0 < c.m; m0 += m_block) {
-      run_panels(out, x, w, c, panel.get(), begin, end, m0, std::min(c.m, m0 + m_block));
+    for (int64_t u = begin; u < end;) {
+      const int64_t m0 = (u / panels) * m_block, p0 = u % panels;
+      const int64_t p1 = std::min(panels, p0 + (end - u));
+      run_panels(out, x, w, c, panel.get(), p0, p1, m0, std::min(c.m, m0 + m_block));
+      u += p1 - p0;
     }
   });
 }

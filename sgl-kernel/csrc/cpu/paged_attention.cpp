@@ -361,7 +361,7 @@ void attend_tokens_vec(const T* qp, T* op, const P* pool, const int32_t* table,
   const int64_t items = first_item[rows];
   std::vector<float> m(items * hq), l(items * hq), acc(items * hq * d);
   const int64_t work_per_item = 2 * hq * d * std::max<int64_t>(1, places.mean_kv_len);
-  sgl_cpu::parallel_for(0, items, work_per_item, [&](int64_t begin, int64_t end) {
+  sgl_cpu::parallel_for_claimed(0, items, work_per_item, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(hq * d);
     int64_t t = std::upper_bound(first_item.begin(), first_item.end(), begin) - first_item.begin() - 1;
     int64_t widened = -1;

@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 namespace sgl_cpu {
@@ -72,6 +73,35 @@ void parallel_for(int64_t begin, int64_t end, int64_t work_per_item, const F& f)
   } else {
     at::parallel_for(begin, end, grain, f);
   }
+}
+
+// parallel_for whose chunks are claimed, under OpenMP too: each team thread takes chunks
+// of about a quarter of its share from a shared counter until none is left. For calls of
+// many equal items where one thread can fall behind (its core shared with the caller's
+// serial work or another process) or items differ in cost (attention over requests of
+// different lengths): a static split makes the early thread spin at the join.
+template <typename F>
+void parallel_for_claimed(int64_t begin, int64_t end, int64_t work_per_item, const F& f) {
+  const int64_t grain = grain_for(work_per_item);
+  const int64_t pool = pool_threads();
+  if (pool > 1) {  // the pool's chunks are claimed already
+    pool_parallel_for(begin, end, grain, pool, f);
+    return;
+  }
+  const int64_t threads = at::get_num_threads();
+  if (threads <= 1 || end - begin <= grain || at::in_parallel_region()) {
+    f(begin, end);
+    return;
+  }
+  constexpr int64_t kClaimsPerThread = 4;
+  const int64_t chunk = std::max(grain, (end - begin + kClaimsPerThread * threads - 1) /
+                                            (kClaimsPerThread * threads));
+  std::atomic<int64_t> next{begin};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t b = next.fetch_add(chunk); b < end; b = next.fetch_add(chunk)) {
+      f(b, std::min(end, b + chunk));
+    }
+  });
 }
 
 // Workers the pool has now (threads - 1 once a parallel_for has run; 0 before).
