@@ -69,7 +69,7 @@ void panel_tile(const float* x, const float* panel, float* out, int64_t n0, int6
   const bool first = k0 == 0, last = k1 == c.k;
   // The first K block starts its sums with a multiply (k0 < k1 always): zeroing the
   // accumulators first made GCC turn the zeroing loop into two memset calls per tile
-  // on stack copies of lo and hi (perf: memset 4.4% of a batch-256 decode run).
+  // on stack copies of lo and hi (perf: memset 4.4% of the batch-256 offline run).
   vfloat lo[R], hi[R];
   int64_t k_from = k0;
   if (first) {
