@@ -130,7 +130,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stub-model", action="store_true")
     parser.add_argument("--max-total-tokens", type=int, default=None,
-                        help="KV pool size (the CPU default holds 32,768 tokens: too few for 256 x 256)")
+                        help="KV pool size (the CPU default, 64 contexts, is 32,768 tokens of the demo "
+                             "model: too few for 256 requests of 256 tokens)")
     args = parser.parse_args()
     sched = build_scheduler(args.num_threads, args.max_total_tokens)
     run_round(sched, 1, 8, -1)  # warm-up
