@@ -570,13 +570,16 @@ def test_half_weights_under_float32_take_the_kernel_up_to_their_row_limit(native
 @pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize(
     "rows,k,n",
-    [(65, 256, 40), (13, 96, 7), (300, 64, 33), (1, 8, 1), (1100, 200, 70), (40, 704, 64)],
+    # the last two have enough panels (N >= 2048 on AVX2, 4096 on AVX-512) for x packed in
+    # tiles: M tails, N tails, two K blocks, several M blocks
+    [(65, 256, 40), (13, 96, 7), (300, 64, 33), (1, 8, 1), (1100, 200, 70), (40, 704, 64),
+     (301, 264, 4105), (1100, 200, 4096)],
 )
 def test_linear_packed_matches_torch(kernels, w_dtype, rows, k, n):
     """Panels of 2 vectors of columns (N tails zero-padded), tiles of rows (M tails),
     K blocks (a partial last one, a K tail past the transposed blocks), M blocks (1100
-    rows at K = 200 are 4 of them), strided x rows, with and without bias: F.linear over
-    the widened weight."""
+    rows at K = 200 are 4 of them), strided x rows, x packed in tiles past 128 panels,
+    with and without bias: F.linear over the widened weight."""
     x = torch.randn(rows, 2 * k)[:, :k]
     w = (torch.randn(n, k) / 8).to(w_dtype)
     for bias in (None, torch.randn(n)):

@@ -10,6 +10,7 @@
 // runs over it in register tiles of kTileRows rows x kPanel columns, the broadcast form
 // of a GEMM micro-kernel (one x value times a vector of W columns: no horizontal sums).
 // Packing costs K x kPanel conversions per panel against M x K x kPanel multiply-adds.
+// A call with many panels also packs x once, in tiles (see pack_x).
 // Without vector instructions the call widens W and runs at::linear.
 #include <ATen/ATen.h>
 
@@ -27,8 +28,16 @@ namespace {
 constexpr int64_t kPanel = 2 * kVecWidth;  // output columns per panel: two vectors
 // rows per tile: 2 x kTileRows accumulators + 2 W vectors + 1 x broadcast registers
 constexpr int kTileRows = kVecRegisters == 32 ? 12 : 6;
-// panel rows per K block: 16 KiB of panel on AVX-512 (8 KiB on AVX2) beside a tile's x
-constexpr int64_t kKBlock = 128;
+// panel rows per K block: 16 KiB of panel (256 rows on AVX2, 128 on AVX-512), which stays
+// in L1 beside a tile's x. 128 rows on AVX2 (8 KiB) ran the demo model's linears 5-6%
+// slower (AVX2 EPYC, one thread and two, A/B alternating): twice the tile set-ups and
+// the out tile stored and loaded again between the K blocks.
+constexpr int64_t kKBlock = (16 << 10) / (kPanel * int64_t(sizeof(float)));
+// x is packed (pack_x) when a call has at least this many panels (N >= 2048 on AVX2):
+// the copy of x is then paid back over the panels. Measured on the AVX2 EPYC, A/B, two
+// threads: M 256 x N 8192 (the demo's lm_head) +6%, M 1024 x N 2048 +11%, but N 256 x
+// K 704 -13% (16 panels do not pay for the copy).
+constexpr int64_t kPackXMinPanels = 128;
 constexpr int64_t kXBlockBytes = 256 << 10;  // see m_block_rows
 
 struct PackedCall {
@@ -60,10 +69,17 @@ void pack_panel(float* panel, const W* w, int64_t n0, int64_t cols, int64_t k) {
   }
 }
 
+// x value (row r, column kk) of a tile: x rows as given (PACKED false: row stride
+// c.x_stride) or a tile packed by pack_x ([K, R]: the R values of a column together).
+template <int R, bool PACKED>
+inline float tile_x(const float* x, int r, int64_t kk, const PackedCall& c) {
+  return PACKED ? x[kk * R + r] : x[r * c.x_stride + kk];
+}
+
 // out rows [0, R) x columns [n0, n0 + cols) (+)= x rows [0, R) over panel rows [k0, k1):
 // the first K block starts the sums, later ones add to what `out` holds, the last adds the
 // bias. A partial panel (the N tail, cols < kPanel) comes in one block.
-template <int R>
+template <int R, bool PACKED>
 void panel_tile(const float* x, const float* panel, float* out, int64_t n0, int64_t cols,
                 const PackedCall& c, int64_t k0, int64_t k1) {
   const bool first = k0 == 0, last = k1 == c.k;
@@ -76,7 +92,7 @@ void panel_tile(const float* x, const float* panel, float* out, int64_t n0, int6
     const vfloat w_lo = vload(panel + k0 * kPanel);
     const vfloat w_hi = vload(panel + k0 * kPanel + kVecWidth);
     for (int r = 0; r < R; ++r) {
-      const vfloat xv = vset1(x[r * c.x_stride + k0]);
+      const vfloat xv = vset1(tile_x<R, PACKED>(x, r, k0, c));
       lo[r] = vmul(xv, w_lo);
       hi[r] = vmul(xv, w_hi);
     }
@@ -91,7 +107,7 @@ void panel_tile(const float* x, const float* panel, float* out, int64_t n0, int6
     const vfloat w_lo = vload(panel + kk * kPanel);
     const vfloat w_hi = vload(panel + kk * kPanel + kVecWidth);
     for (int r = 0; r < R; ++r) {
-      const vfloat xv = vset1(x[r * c.x_stride + kk]);
+      const vfloat xv = vset1(tile_x<R, PACKED>(x, r, kk, c));
       lo[r] = vfma(xv, w_lo, lo[r]);
       hi[r] = vfma(xv, w_hi, hi[r]);
     }
@@ -123,28 +139,49 @@ int64_t m_block_rows(const PackedCall& c) {
   return std::max<int64_t>(kTileRows, rows - rows % kTileRows);
 }
 
-// Panels [begin, end) for x rows [m0, m1).
-template <typename W>
+// Panels [begin, end) for x rows [m0, m1); x as given (PACKED false) or packed by pack_x.
+template <bool PACKED, typename W>
 void run_panels(float* out, const float* x, const W* w, const PackedCall& c, float* panel,
                 int64_t begin, int64_t end, int64_t m0, int64_t m1) {
+  // where the tile of rows from r starts: both layouts keep a row's K values at r * K
+  // offsets (packed: a tile [K, rows] fills rows r .. r + rows - 1's share)
+  const int64_t tile_stride = PACKED ? c.k : c.x_stride;
   for (int64_t p = begin; p < end; ++p) {
     const int64_t n0 = p * kPanel, cols = std::min(kPanel, c.n - n0);
     pack_panel(panel, w, n0, cols, c.k);
     // K blocks of kKBlock panel rows: each stays in L1 while every tile of x passes
-    // over it (a whole K = 256 panel plus a tile's x rows is more than L1 holds).
+    // over it (a whole K = 704 panel plus a tile's x rows is more than L1 holds).
     const int64_t k_block = cols == kPanel ? kKBlock : c.k;
     for (int64_t k0 = 0; k0 < c.k; k0 += k_block) {
       const int64_t k1 = std::min(c.k, k0 + k_block);
       int64_t r = m0;
       for (; r + kTileRows <= m1; r += kTileRows) {
-        panel_tile<kTileRows>(x + r * c.x_stride, panel, out + r * c.n, n0, cols, c, k0, k1);
+        panel_tile<kTileRows, PACKED>(x + r * tile_stride, panel, out + r * c.n, n0, cols, c,
+                                      k0, k1);
       }
       with_rows<kTileRows - 1>(int(m1 - r), [&](auto rows) {
-        panel_tile<decltype(rows)::value>(x + r * c.x_stride, panel, out + r * c.n, n0, cols,
-                                          c, k0, k1);
+        panel_tile<decltype(rows)::value, PACKED>(x + r * tile_stride, panel, out + r * c.n,
+                                                  n0, cols, c, k0, k1);
       });
     }
   }
+}
+
+// xt [M * K] <- x in tiles of kTileRows rows (the last one shorter when M is not a
+// multiple), tile t at xt + t * kTileRows * K holding [K, rows]: the tile's broadcasts
+// then read one contiguous stream instead of one per row (M blocks are whole tiles).
+void pack_x(float* xt, const float* x, const PackedCall& c) {
+  const int64_t tiles = (c.m + kTileRows - 1) / kTileRows;
+  sgl_cpu::parallel_for(0, tiles, c.k * kTileRows, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r0 = t * kTileRows, rows = std::min<int64_t>(kTileRows, c.m - r0);
+      float* tile = xt + r0 * c.k;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* src = x + (r0 + r) * c.x_stride;
+        for (int64_t kk = 0; kk < c.k; ++kk) tile[kk * rows + r] = src[kk];
+      }
+    }
+  });
 }
 
 // Work units are (M block, panel) pairs, M block major, claimed in chunks: a thread's
@@ -155,13 +192,20 @@ void run_packed(float* out, const float* x, const W* w, const PackedCall& c) {
   const int64_t m_block = m_block_rows(c);
   const int64_t m_blocks = (c.m + m_block - 1) / m_block;
   const int64_t work_per_unit = kPanel * c.k * std::min(c.m, m_block);
+  const bool pack = panels >= kPackXMinPanels;
+  std::unique_ptr<float[]> xt(pack ? new float[c.m * c.k] : nullptr);  // written before read
+  if (pack) pack_x(xt.get(), x, c);
   sgl_cpu::parallel_for_claimed(0, m_blocks * panels, work_per_unit, [&](int64_t begin, int64_t end) {
     // every entry is written by pack_panel before it is read: no zero fill
     std::unique_ptr<float[]> panel(new float[c.k * kPanel]);
     for (int64_t u = begin; u < end;) {
       const int64_t m0 = (u / panels) * m_block, p0 = u % panels;
-      const int64_t p1 = std::min(panels, p0 + (end - u));
-      run_panels(out, x, w, c, panel.get(), p0, p1, m0, std::min(c.m, m0 + m_block));
+      const int64_t p1 = std::min(panels, p0 + (end - u)), m1 = std::min(c.m, m0 + m_block);
+      if (pack) {
+        run_panels<true>(out, xt.get(), w, c, panel.get(), p0, p1, m0, m1);
+      } else {
+        run_panels<false>(out, x, w, c, panel.get(), p0, p1, m0, m1);
+      }
       u += p1 - p0;
     }
   });
