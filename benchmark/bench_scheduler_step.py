@@ -62,7 +62,10 @@ def build_scheduler(num_threads: int, max_total_tokens: int | None = None):
         max_total_tokens=max_total_tokens,
     )
     ctx.install()
-    config = ModelConfig(model_dir)
+    # the published model bag's dtype, as a server's scheduler builds it: dtype auto
+    # resolved (float32 compute over a bf16 checkpoint on a CPU without native bf16);
+    # ModelConfig(model_dir) alone would run the checkpoint's bf16 through F.linear
+    config = ModelConfig.from_server_args()
     return Scheduler(TpModelWorker(config), config, None, FakeQueue(), FakeQueue(), FakeQueue())
 
 
