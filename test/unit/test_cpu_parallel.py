@@ -45,6 +45,19 @@ def test_every_index_runs_once(kernels, num_threads, n, grain):
         assert torch.equal(visits, torch.ones(n, dtype=torch.int32))
 
 
+@pytest.mark.parametrize("num_threads", [2, 3])
+@pytest.mark.parametrize("n,work_per_item", [(2, 1 << 20), (9, 1 << 15), (1000, 1 << 12), (70_000, 1)])
+def test_claimed_chunks_under_openmp_run_every_index_once(kernels, restore_threads, num_threads, n,
+                                                          work_per_item):
+    """parallel_for_claimed on torch's OpenMP team (linear_packed, decode attention): the
+    threads claim shrinking chunks from one counter; none is skipped or run twice."""
+    kernels.set_pool_threads(0)
+    torch.set_num_threads(num_threads)
+    for _ in range(20):
+        visits = kernels.parallel_for_claimed_visits(n, work_per_item)
+        assert torch.equal(visits, torch.ones(n, dtype=torch.int32))
+
+
 def test_pool_follows_the_thread_count(kernels):
     for num_threads in (4, 2, 3):
         kernels.parallel_for_visits(64, 1, num_threads, -1)

@@ -30,6 +30,17 @@ std::tuple<at::Tensor, at::Tensor> parallel_for_visits(int64_t n, int64_t grain,
   });
   return {visits, runner};
 }
+
+// For the tests of parallel_for_claimed under OpenMP (torch's threads, the pool off): how
+// many times each index in [0, n) was visited, items of `work_per_item` multiply-adds.
+at::Tensor parallel_for_claimed_visits(int64_t n, int64_t work_per_item) {
+  at::Tensor visits = at::zeros({n}, at::kInt);
+  int32_t* v = visits.data_ptr<int32_t>();
+  sgl_cpu::parallel_for_claimed(0, n, work_per_item, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) ++v[i];  // one chunk per index, as above
+  });
+  return visits;
+}
 }  // namespace
 
 // Classes are module_local: a second build of these sources (the portable one the tests
@@ -49,6 +60,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "out <- x @ w^T (+ bias) for many rows over a bf16/fp16 (or float32) w, float32 x",
         py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
   m.def("argmax_rows", &sgl_cpu::argmax_rows, "out <- argmax of each row (first max; NaN first)");
+  m.def("parallel_for_claimed_visits", &parallel_for_claimed_visits,
+        "test hook of parallel_for_claimed (see above)");
   m.def("parallel_for_visits", &parallel_for_visits, "test hook of parallel_for (see above)",
         py::call_guard<py::gil_scoped_release>());
   m.def("pool_workers", &sgl_cpu::pool_workers, "worker threads of the kernels' pool");

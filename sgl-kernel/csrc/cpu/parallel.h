@@ -76,10 +76,14 @@ void parallel_for(int64_t begin, int64_t end, int64_t work_per_item, const F& f)
 }
 
 // parallel_for whose chunks are claimed, under OpenMP too: each team thread takes chunks
-// of about a quarter of its share from a shared counter until none is left. For calls of
-// many equal items where one thread can fall behind (its core shared with the caller's
-// serial work or another process) or items differ in cost (attention over requests of
-// different lengths): a static split makes the early thread spin at the join.
+// from a shared counter until none is left, each chunk 1 / (kClaimShare x threads) of
+// what is left (guided: large chunks first, single grains at the end, so the threads
+// finish together). For calls of many equal items where one thread can fall behind (its
+// core shared with the caller's serial work or another process) or items differ in cost
+// (attention over requests of different lengths): a static split makes the early thread
+// spin at the join, and fixed chunks of a quarter share left up to one chunk of
+// imbalance: guided chunks ran the demo model's prefill-size linears (2048 rows) 6-11%
+// faster than those on the 2-core AVX2 EPYC (A/B alternating), the same at 256 rows.
 template <typename F>
 void parallel_for_claimed(int64_t begin, int64_t end, int64_t work_per_item, const F& f) {
   const int64_t grain = grain_for(work_per_item);
@@ -93,13 +97,16 @@ void parallel_for_claimed(int64_t begin, int64_t end, int64_t work_per_item, con
     f(begin, end);
     return;
   }
-  constexpr int64_t kClaimsPerThread = 4;
-  const int64_t chunk = std::max(grain, (end - begin + kClaimsPerThread * threads - 1) /
-                                            (kClaimsPerThread * threads));
+  constexpr int64_t kClaimShare = 2;
   std::atomic<int64_t> next{begin};
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t b = next.fetch_add(chunk); b < end; b = next.fetch_add(chunk)) {
-      f(b, std::min(end, b + chunk));
+    int64_t b = next.load(std::memory_order_relaxed);
+    while (b < end) {
+      const int64_t chunk = std::max(grain, (end - b) / (kClaimShare * threads));
+      if (next.compare_exchange_weak(b, b + chunk, std::memory_order_relaxed)) {
+        f(b, std::min(end, b + chunk));
+        b = next.load(std::memory_order_relaxed);
+      }  // else b holds the counter's current value: try again from there
     }
   });
 }
