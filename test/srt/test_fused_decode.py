@@ -1,5 +1,6 @@
-"""Fused decoder layers (layers/fused_decode.py): on CPU a decode or short-extend step of
-a Llama-family model runs each layer as one C++ call, with the same kernels in the same
+"""Fused decoder layers (layers/fused_decode.py): on CPU a decode or extend step whose
+attention the paged kernel serves (decode, short extends; long ones where the build tiles
+them) of a Llama-family model runs each layer as one C++ call, with the same kernels in the same
 order as the module path, so tokens and logprobs are the module path's exactly.
 
 Per architecture (Llama; Qwen2 with a qkv bias; Qwen3 with q/k norms; Mistral with a
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.layers import fused_decode
+from sglang.srt.layers import cpu_kernels, fused_decode
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_context
 from sglang.test.runner_utils import MiniReq, MiniScheduler
@@ -61,8 +62,10 @@ def test_fused_layers_equal_the_module_path(tiny_model_dir, arch, monkeypatch):
         fused_decode, "run_layer", lambda *a: calls.append(1) or real_run_layer(*a)
     )
     fused_tokens, fused_logprobs = _run(worker)
-    layers = worker.model_runner.model_config.num_hidden_layers
-    assert len(calls) == (1 + DECODE_STEPS) * layers  # the short extend and every decode
+    config = worker.model_runner.model_config
+    # the short extend and every decode; the prefill too where the kernels tile it
+    prefill_fused = cpu_kernels.load().extend_tiled(max(map(len, PROMPTS)), config.head_dim)
+    assert len(calls) == (1 + prefill_fused + DECODE_STEPS) * config.num_hidden_layers
     monkeypatch.setattr(fused_decode, "decode_step", lambda *a: None)
     module_tokens, module_logprobs = _run(worker)
     assert fused_tokens == module_tokens

@@ -4,8 +4,8 @@ Each op on small shapes: RMSNorm and fused residual-add + RMSNorm, SiLU-and-mul,
 rotary (full and partial, strided rows of a fused qkv output), and paged attention read
 through req_to_token, decode and small extends over a cached prefix (random page tables
 of page size 1 and 4, mixed lengths, GQA 1:1 / 4:1 / 8:1, head_dim 48 / 64 / 128,
-sliding windows, logit caps),
-fp32 to 1e-5 and bf16 to bf16's precision. Then the layers route decode-sized calls to
+sliding windows, logit caps), and long extends (prefill chunks, prompts over a cached
+prefix) on the tiled path, fp32 to 1e-5 and bf16 to bf16's precision. Then the layers route decode-sized calls to
 the kernels and keep torch ops for large ones and inside `cpu_kernels.disabled()`, and
 a build that cannot find its sources falls back to torch ops.
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from sglang.srt.arg_groups import resolvers
 from sglang.srt.layers import cpu_kernels
 from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     HALF_WEIGHT_MAX_ROWS,
@@ -266,6 +268,152 @@ def test_extend_lens_must_cover_q_rows(kernels):
             q.clone(), q, q, q, pool, torch.zeros(3, dtype=torch.int64), table,
             torch.tensor([1]), torch.tensor([4]), torch.tensor([2]), 0.125, 0.0, 0, False,
         )  # fmt: skip
+
+
+# -- long extends (prefill chunks, prompts over a cached prefix): the tiled path ----------
+
+
+def _extend_case(prefix, ext, hq, hkv, d, page_size, gen, pool_dtype=torch.float32,
+                 q_dtype=torch.float32, scale=1.0):
+    """A batch of new tokens over cached prefixes: (args of paged_attention with out, the
+    reference inputs, the q rows' k and v). The new K/V are written by the call."""
+    lens = [p + e for p, e in zip(prefix, ext)]
+    table, rows, num_slots = _page_table(lens, page_size, gen)
+    pool = (torch.randn(num_slots, 2, hkv, d, generator=gen) * scale).to(pool_dtype)
+    t = sum(ext)
+    qkv = (torch.randn(t, (hq + 2 * hkv) * d, generator=gen) * scale).to(q_dtype)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)  # strided rows of one output
+    loc = torch.cat([table[r, p:n].long() for r, p, n in zip(rows, prefix, lens)])
+    out = q.new_empty(t, hq * d)
+    tok_rows = [r for r, e in zip(rows, ext) for _ in range(e)]
+    tok_lens = [p + i + 1 for p, e in zip(prefix, ext) for i in range(e)]
+    args = [out, q, k, v, pool, loc, table, torch.tensor(rows), torch.tensor(lens),
+            torch.tensor(ext)]  # fmt: skip
+    return args, (tok_rows, tok_lens)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (8, 1), (6, 2)])
+@pytest.mark.parametrize("head_dim", [48, 64, 128])
+def test_long_extends_over_cached_prefixes(kernels, page_size, hq, hkv, head_dim):
+    """Prompts of 17 to 150 new tokens, with and without a cached prefix, beside a short
+    extend in the same batch: each new token at position p sees its request's keys
+    [0, p], read from the pool after the call wrote the new K/V there."""
+    gen = torch.Generator().manual_seed(hq * 100 + head_dim + page_size)
+    prefix, ext = [0, 45, 3, 130], [150, 17, 2, 70]
+    args, (tok_rows, tok_lens) = _extend_case(prefix, ext, hq, hkv, head_dim, page_size, gen)
+    out, q, k, v, pool, loc, table = args[:7]
+    kernels.paged_attention(*args, head_dim**-0.5, 0.0, 0, True)
+    assert torch.equal(pool[loc, 0], k.reshape(-1, hkv, head_dim))
+    assert torch.equal(pool[loc, 1], v.reshape(-1, hkv, head_dim))
+    t = q.shape[0]
+    expected = _reference_decode(q.reshape(t, hq, head_dim), pool, table, tok_rows, tok_lens,
+                                 head_dim**-0.5, 0, 0, hkv)  # fmt: skip
+    torch.testing.assert_close(out.view(t, hq, head_dim), expected, atol=FP32_TOL, rtol=FP32_TOL)
+
+
+@pytest.mark.parametrize("window,cap", [(20, 0.0), (0, 30.0), (7, 5.0), (200, 0.0)])
+def test_long_extends_window_and_logit_cap(kernels, window, cap):
+    """Sliding windows (a token sees (p - window, p]; blocks before every row's window
+    are skipped) and soft-capped scores, Gemma 2's pair."""
+    gen = torch.Generator().manual_seed(window + int(cap))
+    prefix, ext, hq, hkv, d = [0, 90], [120, 40], 8, 2, 64
+    args, (tok_rows, tok_lens) = _extend_case(prefix, ext, hq, hkv, d, 1, gen, scale=3.0)
+    out, q, pool, table = args[0], args[1], args[4], args[6]
+    kernels.paged_attention(*args, d**-0.5, cap, window, True)
+    expected = _reference_decode(q.reshape(-1, hq, d), pool, table, tok_rows, tok_lens,
+                                 d**-0.5, window, cap, hkv)  # fmt: skip
+    # inputs 3x (scores past the caps): outputs of ~3x the magnitude, so 3x the atol
+    torch.testing.assert_close(out.view(-1, hq, d), expected, atol=3 * FP32_TOL, rtol=FP32_TOL)
+
+
+@pytest.mark.parametrize(
+    "q_dtype,pool_dtype,tol",
+    [
+        (torch.float32, torch.bfloat16, FP32_TOL),  # dtype auto widening a bf16 checkpoint
+        (torch.float32, torch.float16, FP32_TOL),
+        (torch.bfloat16, torch.bfloat16, 2e-2),  # a bf16 model: out rounded to bf16
+        (torch.float16, torch.float16, 2e-2),
+    ],
+)
+def test_long_extends_half_precision(kernels, q_dtype, pool_dtype, tol):
+    """The tiled path reads the cached prefix from a bf16/fp16 pool and the new tokens' K/V
+    unrounded: a float32 model's prompt attends to its own keys as computed (as SDPA did)."""
+    gen = torch.Generator().manual_seed(7)
+    prefix, ext, hq, hkv, d = [0, 33], [64, 29], 4, 2, 64
+    args, (tok_rows, tok_lens) = _extend_case(prefix, ext, hq, hkv, d, 4, gen, pool_dtype,
+                                              q_dtype)  # fmt: skip
+    out, q, k, v, pool, loc, table = args[:7]
+    kernels.paged_attention(*args, d**-0.5, 0.0, 0, True)
+    assert torch.equal(pool[loc, 0], k.reshape(-1, hkv, d).to(pool_dtype))
+    # the tiled path: the prefix from the pool, the new tokens' K/V as given (SDPA's view
+    # of a prompt); the per-token path (the portable build) reads every key from the pool
+    seen = pool.float()
+    if kernels.extend_tiled(max(ext), d):
+        seen[loc, 0], seen[loc, 1] = k.reshape(-1, hkv, d).float(), v.reshape(-1, hkv, d).float()
+    expected = _reference_decode(q.reshape(-1, hq, d), seen, table, tok_rows, tok_lens,
+                                 d**-0.5, 0, 0, hkv)  # fmt: skip
+    torch.testing.assert_close(out.view(-1, hq, d).float(), expected, atol=tol, rtol=tol)
+
+
+def test_long_extends_without_save_kv_read_the_new_keys_from_the_pool(kernels):
+    """save_kv false: the new tokens' K/V are already in the pool (k and v unused)."""
+    gen = torch.Generator().manual_seed(5)
+    prefix, ext, hq, hkv, d = [10, 0], [40, 25], 4, 2, 64
+    args, (tok_rows, tok_lens) = _extend_case(prefix, ext, hq, hkv, d, 1, gen, torch.bfloat16)
+    out, q, pool, table = args[0], args[1], args[4], args[6]
+    args[2] = args[3] = q  # placeholders, as the callers that do not save pass
+    kernels.paged_attention(*args, d**-0.5, 0.0, 0, False)
+    expected = _reference_decode(q.reshape(-1, hq, d), pool, table, tok_rows, tok_lens,
+                                 d**-0.5, 0, 0, hkv)  # fmt: skip
+    torch.testing.assert_close(out.view(-1, hq, d), expected, atol=FP32_TOL, rtol=FP32_TOL)
+
+
+def test_long_extends_same_result_on_any_thread_count(kernels):
+    """Each (request, KV head, block of tokens) is one thread's: the threads change who
+    computes a row, not how."""
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            gen = torch.Generator().manual_seed(11)
+            args, _ = _extend_case([0, 200], [100, 60], 8, 2, 128, 1, gen)
+            kernels.paged_attention(*args, 128**-0.5, 0.0, 0, True)
+            results.append(args[0])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+def test_extend_tiled_reports_where_the_tiled_path_serves(kernels):
+    """The vector build tiles extends past the per-token path's 16 tokens when head_dim is
+    a multiple of its vector width (at most 256); the portable build never does (the
+    attention backend then keeps SDPA for long extends)."""
+    vector = kernels.vector_isa != "scalar"
+    width = {"avx512": 16, "avx2": 8}.get(kernels.vector_isa, 1)
+    assert kernels.extend_tiled(17, 64 * width // 8) == vector
+    assert not kernels.extend_tiled(16, 64)
+    assert not kernels.extend_tiled(0, 64)  # decode
+    assert not kernels.extend_tiled(500, 256 + width)
+    assert not kernels.extend_tiled(500, width + 4)
+
+
+def test_backend_routes_long_extends_to_the_tiled_kernel(native_kernels):
+    """A prefill of 40 tokens takes the kernel (and the fused layers) where the build tiles
+    it; a head_dim the tiled path lacks, or the kernels disabled, keep SDPA."""
+    def fb(head_dim, ext):
+        mode = SimpleNamespace(is_decode=lambda: False)
+        pool = SimpleNamespace(dtype=torch.float32, head_dim=head_dim)
+        return SimpleNamespace(forward_mode=mode, token_to_kv_pool=pool, extend_seq_lens_cpu=ext,
+                               out_cache_loc=torch.zeros(sum(ext), dtype=torch.int64))  # fmt: skip
+
+    usable = TorchNativeAttnBackend._kernel_usable
+    assert usable(fb(64, [40, 3])) == native_kernels.extend_tiled(40, 64)
+    assert usable(fb(64, [16, 3]))  # the per-token path, any build
+    assert not usable(fb(60, [40]))
+    with cpu_kernels.disabled():
+        assert not usable(fb(64, [40]))
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 
 #include "decoder_layer.h"
 #include "kernels.h"
+#include "paged.h"
 #include "parallel.h"
 #include "vec.h"
 
@@ -53,6 +54,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_neox_", &sgl_cpu::rotary_neox_, "neox rotary embedding, in place");
   m.def("paged_attention", &sgl_cpu::paged_attention,
         "causal attention of new tokens over the paged KV pool (writes their K/V first)");
+  m.def("extend_tiled", &sgl_cpu::extend_tiled_serves,
+        "whether paged_attention takes its tiled path for this longest extend and head_dim",
+        py::arg("max_extend"), py::arg("head_dim"));
   m.def("linear_small_m", &sgl_cpu::linear_small_m,
         "out <- x @ w^T (+ bias), reading w once for all rows (decode-size M)",
         py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none());

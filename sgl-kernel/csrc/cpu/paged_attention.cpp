@@ -5,19 +5,11 @@
 #include <vector>
 
 #include "common.h"
+#include "paged.h"
 #include "vec.h"
 
 namespace sgl_cpu {
 namespace {
-
-struct DecodeShape {
-  int64_t q_heads, kv_heads, head_dim;
-  int64_t q_stride, out_stride;  // row strides of q and out
-  int64_t slot_stride;           // elements per pool slot: 2 * kv_heads * head_dim
-  int64_t table_stride;          // req_to_token row stride
-  float scale, logit_cap;        // logit_cap 0: none
-  int64_t window;                // 0: full attention
-};
 
 // Writes k, v ([T, Hkv * D], rows may be strided) into pool slots `loc`, converted to the
 // pool's dtype P.
@@ -453,6 +445,9 @@ void attend_tokens_vec(const T* qp, T* op, const P* pool, const int32_t* table,
 struct PagedCall {
   const at::Tensor &q, &k, &v, &kv_pool, &loc, &req_to_token;
   const int64_t* pool_idx;
+  const int64_t* seq_lens;
+  const int64_t* extend_lens;  // nullptr: decode
+  int64_t bs, max_extend;      // max_extend 0: decode
   const TokenPlaces& places;
   const DecodeShape& s;
   int64_t rows;
@@ -481,6 +476,14 @@ void run_paged_attention(const PagedCall& c, at::Tensor& out) {
   const int32_t* table = c.req_to_token.data_ptr<int32_t>();
 #if defined(SGL_HAVE_VEC)
   if constexpr (kHasVecLoad<T> && kHasVecLoad<P>) {
+    if (extend_tiled_serves(c.max_extend, d)) {
+      const NewKV<T> fresh = c.save_kv ? NewKV<T>{c.k.data_ptr<T>(), c.v.data_ptr<T>(),
+                                                   c.k.stride(0), c.v.stride(0)}
+                                       : NewKV<T>{nullptr, nullptr, 0, 0};
+      attend_extend_tiled(qp, op, pool, fresh, table, c.pool_idx, c.seq_lens, c.extend_lens,
+                          c.bs, s);
+      return;
+    }
     if (d % kVecWidth == 0 && d <= kMaxVecDim && s.q_heads <= 64) {
       attend_tokens_vec(qp, op, pool, table, c.pool_idx, c.places, c.rows, s);
       return;
@@ -551,7 +554,10 @@ void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
     TORCH_CHECK(pool_idx[b] >= 0 && pool_idx[b] < req_to_token.size(0), "bad req_pool_index");
   }
   const TokenPlaces places = token_places(lens, extend_lens, bs, rows);
-  const PagedCall call{q, k, v, kv_pool, loc, req_to_token, pool_idx, places, s, rows, save_kv};
+  const int64_t* ext = extend_lens.numel() ? extend_lens.data_ptr<int64_t>() : nullptr;
+  const int64_t max_extend = ext ? *std::max_element(ext, ext + bs) : 0;
+  const PagedCall call{q,    k,          v,  kv_pool,    loc,    req_to_token, pool_idx, lens,
+                       ext,  bs,         max_extend, places, s,  rows,         save_kv};
   const auto q_type = q.scalar_type(), pool_type = kv_pool.scalar_type();
   if (q_type == at::kFloat && pool_type == at::kBFloat16) {
     run_paged_attention<float, c10::BFloat16>(call, out);

@@ -10,7 +10,8 @@ and a later start loads the cached library in milliseconds. Without a compiler, 
 The kernels serve every call on CPU: at decode sizes a handful of torch ops per layer
 cost more than their arithmetic, and at prefill sizes the fused kernels make fewer
 passes over memory (2048-token chunk of the demo model: 97 vs 140 ms with the torch ops).
-The attention backend limits its kernel to extends of a few tokens (decode, verify).
+The attention backend takes its kernel for decode and extends of a few tokens (verify)
+on any build, and for longer extends where the build tiles them (`extend_tiled`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ SOURCE_FILES = (
     "activation.cpp",
     "rotary.cpp",
     "paged_attention.cpp",
+    "extend_attention.cpp",
     "argmax.cpp",
     "gemm.cpp",
     "gemm_packed.cpp",
@@ -52,6 +54,7 @@ HEADER_FILES = (
     "common.h",
     "vec.h",
     "kernels.h",
+    "paged.h",
     "decoder_layer.h",
     "gemm_packed_bf16.h",
     "parallel.h",

@@ -86,7 +86,9 @@ _Metadata = _DecodeMetadata | _ExtendMetadata | _RaggedExtendMetadata | _KernelP
 # Pad a ragged extend batch to one SDPA call unless padding multiplies the work by more
 _MAX_PAD_WASTE = 2.0
 # Extends of at most this many new tokens per request (speculative verify, short chunks)
-# take the CPU kernel; longer ones SDPA, whose blocked GEMMs win over a prompt
+# take the CPU kernel's per-token path on any build; longer ones its tiled path where
+# the build has it (`extend_tiled`: the vector build, head_dim a multiple of its vector
+# width), else SDPA
 _KERNEL_MAX_EXTEND = 16
 # Decode gathers K/V for this many bytes of requests at a time: attention then reads the
 # gathered copy from cache instead of memory (about 20% faster on CPU at batch 64).
@@ -157,14 +159,17 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     @staticmethod
     def _kernel_usable(fb: ForwardBatch) -> bool:
-        """Decode, or an extend of few new tokens per request, on CPU with the kernels."""
-        if fb.token_to_kv_pool.dtype not in cpu_kernels.SUPPORTED_DTYPES:
+        """Decode, or an extend the kernel's per-token or tiled path takes, on CPU with
+        the kernels."""
+        pool = fb.token_to_kv_pool
+        if pool.dtype not in cpu_kernels.SUPPORTED_DTYPES or not cpu_kernels.serves(fb.out_cache_loc):
             return False
-        if not fb.forward_mode.is_decode() and (
-            not fb.extend_seq_lens_cpu or max(fb.extend_seq_lens_cpu) > _KERNEL_MAX_EXTEND
-        ):
+        if fb.forward_mode.is_decode():
+            return True
+        if not fb.extend_seq_lens_cpu:
             return False
-        return cpu_kernels.serves(fb.out_cache_loc)
+        longest = max(fb.extend_seq_lens_cpu)
+        return longest <= _KERNEL_MAX_EXTEND or cpu_kernels.load().extend_tiled(longest, pool.head_dim)
 
     def _torch_metadata_for(self, layer: RadixAttention, fb: ForwardBatch) -> _Metadata:
         """This layer's metadata for the torch path. A kernel placeholder is replaced (the
