@@ -1,7 +1,7 @@
-"""Which threads run a CPU forward's parallel work: the kernels' own pool for forwards of
-a few tokens, torch's OpenMP team for the rest.
+"""Which threads run a CPU forward's parallel work: the kernels' own pool for decode-size
+forwards (up to POOL_MAX_TOKENS tokens), torch's OpenMP team for the rest.
 
-A decode step of one stream is ~40 parallel regions of a few microseconds each. On
+A decode step is ~40 parallel regions of a few microseconds each. On
 OpenMP each region hands every thread a fixed share and joins at a barrier, so when the
 serving processes (HTTP, the client) take a core from a worker, the step waits for it.
 The kernels' pool (`sgl-kernel/csrc/cpu/parallel.cpp`) lets any thread claim any chunk,
@@ -11,8 +11,9 @@ on 2 cores (demo model, alternating with the OpenMP-only build in one run): medi
 2.1-3.0 -> 1.5-2.2 ms, scheduler CPU per token 4.1-5.8 -> 2.7-3.6 ms (docs/cpu.md).
 
 Two sets of polling workers on a small machine starve each other, so while the pool
-serves, torch runs on one thread (its ops at these sizes run inline anyway), and larger
-forwards (prefill chunks, batched decode) keep the kernels and torch on OpenMP.
+serves, torch runs on one thread (its ops left in a decode step are small), and larger
+forwards (prefill chunks, decode batches past the bound) keep the kernels and torch on
+OpenMP.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import torch
 
 from sglang.srt.layers import cpu_kernels
 
-POOL_MAX_TOKENS = 4  # forwards of at most this many tokens run on the pool
+# Forwards of at most this many tokens run on the pool. Served on 2 cores (demo model,
+# 128 streams of 128/128 tokens, A/B alternating): 4 -> 64 took concurrency 8 from
+# 1,206-1,251 to 1,373-1,466 out tok/s and concurrency 32 from 1,874-1,903 to
+# 1,969-2,049; the batch-256 offline run (no other process on the cores) was 9% slower
+# with every forward on the pool, so the big batches stay on OpenMP.
+POOL_MAX_TOKENS = 64
 
 
 class ForwardThreads:
