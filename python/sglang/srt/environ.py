@@ -183,6 +183,14 @@ class Envs:
         "Use our native CPU kernels (sgl-kernel/csrc/cpu, built on first use and cached) "
         "on CPU; 0 keeps the torch ops (the kernels' reference).",
     )
+    SGLANG_CPU_WEIGHT_PANELS = EnvVar(
+        "SGLANG_CPU_WEIGHT_PANELS",
+        "bool",
+        True,
+        "On CPU with bf16 weights under float32 compute, also keep each linear weight "
+        "re-laid out for the many-row kernel (packed once at load instead of per call: a "
+        "second copy of the linear weights' bytes); 0 packs per call.",
+    )
     SGLANG_CPU_HALF_WEIGHTS = EnvVar(
         "SGLANG_CPU_HALF_WEIGHTS",
         "bool",

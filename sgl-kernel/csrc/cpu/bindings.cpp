@@ -62,7 +62,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
   m.def("linear_packed", &sgl_cpu::linear_packed,
         "out <- x @ w^T (+ bias) for many rows over a bf16/fp16 (or float32) w, float32 x",
-        py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
+        py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
+        py::arg("panels") = py::none());
+  m.def("pack_weight_panels", &sgl_cpu::pack_weight_panels,
+        "a bf16 weight [N, K] packed once for linear_packed (int32 words, see gemm_packed.cpp)",
+        py::arg("w"));
+  m.attr("weight_panel_width") = sgl_cpu::weight_panel_width();  // 0: no weight panels
   m.def("argmax_rows", &sgl_cpu::argmax_rows, "out <- argmax of each row (first max; NaN first)");
   m.def("parallel_for_claimed_visits", &parallel_for_claimed_visits,
         "test hook of parallel_for_claimed (see above)");
@@ -78,11 +83,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<sgl_cpu::DecoderLayerWeights>(m, "DecoderLayerWeights", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                     std::optional<at::Tensor>, std::optional<at::Tensor>,
+                    std::optional<at::Tensor>, std::optional<at::Tensor>,
+                    std::optional<at::Tensor>, std::optional<at::Tensor>,
                     std::optional<at::Tensor>, std::optional<at::Tensor>>(),
            py::arg("input_norm"), py::arg("post_attention_norm"), py::arg("qkv"), py::arg("o"),
            py::arg("gate_up"), py::arg("down"), py::arg("qkv_bias") = py::none(),
            py::arg("o_bias") = py::none(), py::arg("q_norm") = py::none(),
-           py::arg("k_norm") = py::none());
+           py::arg("k_norm") = py::none(), py::arg("qkv_panels") = py::none(),
+           py::arg("o_panels") = py::none(), py::arg("gate_up_panels") = py::none(),
+           py::arg("down_panels") = py::none());
   py::class_<sgl_cpu::DecoderLayerShape>(m, "DecoderLayerShape", py::module_local())
       .def(py::init<int64_t, int64_t, int64_t, double, double, double, int64_t, int64_t, int64_t,
                     int64_t, int64_t>(),

@@ -17,7 +17,8 @@ DecoderLayer::DecoderLayer(DecoderLayerWeights weights, DecoderLayerShape shape)
 }
 
 at::Tensor DecoderLayer::linear(const at::Tensor& x, const at::Tensor& w,
-                                const std::optional<at::Tensor>& bias) const {
+                                const std::optional<at::Tensor>& bias,
+                                const std::optional<at::Tensor>& panels) const {
   const int64_t rows = x.size(0);
   const bool half_w = w.scalar_type() != x.scalar_type();  // bf16/fp16 under float32
   const bool small = rows <= s_.small_m_rows || (x.size(1) >= s_.long_k && rows <= s_.long_k_rows) ||
@@ -32,7 +33,7 @@ at::Tensor DecoderLayer::linear(const at::Tensor& x, const at::Tensor& w,
   if (half_w || (kHasBf16Dot && x.scalar_type() == at::kBFloat16 &&
                  w.scalar_type() == at::kBFloat16)) {
     at::Tensor out = at::empty({rows, w.size(0)}, x.options());
-    linear_packed(out, x, w, bias);
+    linear_packed(out, x, w, bias, half_w ? panels : std::nullopt);
     return out;
   }
   return at::linear(x, w, bias);
@@ -42,7 +43,7 @@ at::Tensor DecoderLayer::linear(const at::Tensor& x, const at::Tensor& w,
 // tensors when the q/k norms apply).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> DecoderLayer::qkv_rotated(
     const at::Tensor& h, const DecodeStep& step) const {
-  at::Tensor qkv = linear(h, w_.qkv, w_.qkv_bias);
+  at::Tensor qkv = linear(h, w_.qkv, w_.qkv_bias, w_.qkv_panels);
   const int64_t t = qkv.size(0), d = s_.head_dim;
   const int64_t q_size = s_.num_heads * d, kv_size = s_.num_kv_heads * d;
   at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
@@ -82,12 +83,12 @@ std::tuple<at::Tensor, at::Tensor> DecoderLayer::forward(at::Tensor hidden,
   paged_attention(attn, q, k, v, kv_pool, step.out_cache_loc, step.req_to_token,
                   step.req_pool_indices, step.seq_lens, step.extend_lens, s_.scale, s_.logit_cap,
                   s_.window, true);
-  at::Tensor o = linear(attn, w_.o, w_.o_bias);
+  at::Tensor o = linear(attn, w_.o, w_.o_bias, w_.o_panels);
   fused_add_rmsnorm_(o, res, w_.post_attention_norm, s_.rms_eps);
-  at::Tensor gate_up = linear(o, w_.gate_up, std::nullopt);
+  at::Tensor gate_up = linear(o, w_.gate_up, std::nullopt, w_.gate_up_panels);
   at::Tensor act = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
   silu_and_mul_out(act, gate_up);
-  return {linear(act, w_.down, std::nullopt), res};
+  return {linear(act, w_.down, std::nullopt, w_.down_panels), res};
 }
 
 }  // namespace sgl_cpu

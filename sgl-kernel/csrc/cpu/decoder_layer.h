@@ -16,6 +16,8 @@ struct DecoderLayerWeights {
   at::Tensor qkv, o, gate_up, down;            // [out, in], the model's dtype or bf16/fp16
   std::optional<at::Tensor> qkv_bias, o_bias;  // [out]
   std::optional<at::Tensor> q_norm, k_norm;    // [D] (Qwen3), else none
+  // pack_weight_panels of qkv, o, gate_up, down (bf16 weights under float32), else none
+  std::optional<at::Tensor> qkv_panels, o_panels, gate_up_panels, down_panels;
 };
 
 struct DecoderLayerShape {
@@ -47,7 +49,8 @@ class DecoderLayer {
 
  private:
   at::Tensor linear(const at::Tensor& x, const at::Tensor& w,
-                    const std::optional<at::Tensor>& bias) const;
+                    const std::optional<at::Tensor>& bias,
+                    const std::optional<at::Tensor>& panels) const;
   std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rotated(const at::Tensor& h,
                                                              const DecodeStep& step) const;
 

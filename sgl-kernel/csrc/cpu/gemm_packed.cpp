@@ -11,6 +11,14 @@
 // of a GEMM micro-kernel (one x value times a vector of W columns: no horizontal sums).
 // Packing costs K x kPanel conversions per panel against M x K x kPanel multiply-adds.
 // A call with many panels also packs x once, in tiles (see pack_x).
+//
+// A bf16 weight may come with its panels packed once at load (pack_weight_panels, kept
+// beside the weight by the model loader): each panel [ceil(K / 2), kPanel] of 32-bit
+// words, word (q, j) holding W[n0 + j, 2q] in its low half and W[n0 + j, 2q + 1] in its
+// high half. A bf16 value is a float32's upper half, so the tile widens a word into two
+// K rows with one shift or one mask (vpair_low / vpair_high) and no call packs: at 32
+// rows the per-call packing was 12% of a served decode step's samples (2-core Zen 2).
+// Same multiply-adds in the same order, so the same results as the per-call panels.
 // Without vector instructions the call widens W and runs at::linear.
 #include <ATen/ATen.h>
 
@@ -33,6 +41,7 @@ constexpr int kTileRows = kVecRegisters == 32 ? 12 : 6;
 // slower (AVX2 EPYC, one thread and two, A/B alternating): twice the tile set-ups and
 // the out tile stored and loaded again between the K blocks.
 constexpr int64_t kKBlock = (16 << 10) / (kPanel * int64_t(sizeof(float)));
+static_assert(kKBlock % 2 == 0, "pair_tile's K blocks are whole word rows");
 // x is packed (pack_x) when a call has at least this many panels (N >= 2048 on AVX2):
 // the copy of x is then paid back over the panels. Measured on the AVX2 EPYC, A/B, two
 // threads: M 256 x N 8192 (the demo's lm_head) +6%, M 1024 x N 2048 +11%, but N 256 x
@@ -76,6 +85,30 @@ inline float tile_x(const float* x, int r, int64_t kk, const PackedCall& c) {
   return PACKED ? x[kk * R + r] : x[r * c.x_stride + kk];
 }
 
+// out rows [0, R) x columns [n0, n0 + cols) <- a tile's sums (lo: the panel's first
+// vector of columns, hi: its second), plus the bias after the last K block.
+template <int R>
+inline void store_tile(const vfloat* lo, const vfloat* hi, float* out, int64_t n0, int64_t cols,
+                       const PackedCall& c, bool last) {
+  if (cols == kPanel) {  // a whole panel: vector stores (bias added as vectors)
+    const bool bias = last && c.bias != nullptr;
+    const vfloat b_lo = bias ? vload(c.bias + n0) : vzero();
+    const vfloat b_hi = bias ? vload(c.bias + n0 + kVecWidth) : vzero();
+    for (int r = 0; r < R; ++r) {
+      vstore(out + r * c.n + n0, vadd(lo[r], b_lo));
+      vstore(out + r * c.n + n0 + kVecWidth, vadd(hi[r], b_hi));
+    }
+    return;
+  }
+  alignas(64) float row[kPanel];  // a partial panel comes in one K block: last is true
+  for (int r = 0; r < R; ++r) {
+    vstore(row, lo[r]);
+    vstore(row + kVecWidth, hi[r]);
+    float* o = out + r * c.n + n0;
+    for (int64_t j = 0; j < cols; ++j) o[j] = row[j] + (c.bias ? c.bias[n0 + j] : 0.f);
+  }
+}
+
 // out rows [0, R) x columns [n0, n0 + cols) (+)= x rows [0, R) over panel rows [k0, k1):
 // the first K block starts the sums, later ones add to what `out` holds, the last adds the
 // bias. A partial panel (the N tail, cols < kPanel) comes in one block.
@@ -112,23 +145,67 @@ void panel_tile(const float* x, const float* panel, float* out, int64_t n0, int6
       hi[r] = vfma(xv, w_hi, hi[r]);
     }
   }
-  if (cols == kPanel) {  // a whole panel: vector stores (bias added as vectors)
-    const bool bias = last && c.bias != nullptr;
-    const vfloat b_lo = bias ? vload(c.bias + n0) : vzero();
-    const vfloat b_hi = bias ? vload(c.bias + n0 + kVecWidth) : vzero();
+  store_tile<R>(lo, hi, out, n0, cols, c, last);
+}
+
+// panel_tile over a panel packed at load (`words`: the panel's [ceil(K / 2), kPanel]
+// words); k0 is even (K blocks are whole pairs), so word row k / 2 holds rows k and k + 1.
+template <int R, bool PACKED>
+void pair_tile(const float* x, const uint32_t* words, float* out, int64_t n0, int64_t cols,
+               const PackedCall& c, int64_t k0, int64_t k1) {
+  const bool first = k0 == 0, last = k1 == c.k;
+  vfloat lo[R], hi[R];  // started with a multiply, as in panel_tile (no memset)
+  int64_t kk = k0;
+  const uint32_t* w = words + (k0 / 2) * kPanel;
+  if (first) {
+    const vfloat w_lo = vpair_low(w), w_hi = vpair_low(w + kVecWidth);
     for (int r = 0; r < R; ++r) {
-      vstore(out + r * c.n + n0, vadd(lo[r], b_lo));
-      vstore(out + r * c.n + n0 + kVecWidth, vadd(hi[r], b_hi));
+      const vfloat xv = vset1(tile_x<R, PACKED>(x, r, kk, c));
+      lo[r] = vmul(xv, w_lo);
+      hi[r] = vmul(xv, w_hi);
     }
-    return;
+    if (kk + 1 < k1) {
+      const vfloat v_lo = vpair_high(w), v_hi = vpair_high(w + kVecWidth);
+      for (int r = 0; r < R; ++r) {
+        const vfloat xv = vset1(tile_x<R, PACKED>(x, r, kk + 1, c));
+        lo[r] = vfma(xv, v_lo, lo[r]);
+        hi[r] = vfma(xv, v_hi, hi[r]);
+      }
+    }
+    kk += 2;
+    w += kPanel;
+  } else {
+    for (int r = 0; r < R; ++r) {
+      lo[r] = vload(out + r * c.n + n0);
+      hi[r] = vload(out + r * c.n + n0 + kVecWidth);
+    }
   }
-  alignas(64) float row[kPanel];
-  for (int r = 0; r < R; ++r) {
-    vstore(row, lo[r]);
-    vstore(row + kVecWidth, hi[r]);
-    float* o = out + r * c.n + n0;
-    for (int64_t j = 0; j < cols; ++j) o[j] = row[j] + (c.bias ? c.bias[n0 + j] : 0.f);
+  // Even rows then odd rows of each word row: two W vectors live at a time, so R = 6 on
+  // AVX2 keeps 12 sums + 2 W + 1 x in the 16 ymm registers (the word row is read twice,
+  // from L1).
+  for (; kk + 1 < k1; kk += 2, w += kPanel) {
+    const vfloat e_lo = vpair_low(w), e_hi = vpair_low(w + kVecWidth);
+    for (int r = 0; r < R; ++r) {
+      const vfloat xv = vset1(tile_x<R, PACKED>(x, r, kk, c));
+      lo[r] = vfma(xv, e_lo, lo[r]);
+      hi[r] = vfma(xv, e_hi, hi[r]);
+    }
+    const vfloat o_lo = vpair_high(w), o_hi = vpair_high(w + kVecWidth);
+    for (int r = 0; r < R; ++r) {
+      const vfloat xv = vset1(tile_x<R, PACKED>(x, r, kk + 1, c));
+      lo[r] = vfma(xv, o_lo, lo[r]);
+      hi[r] = vfma(xv, o_hi, hi[r]);
+    }
   }
+  if (kk < k1) {  // an odd K's last row (the word's high half is the zero pad)
+    const vfloat e_lo = vpair_low(w), e_hi = vpair_low(w + kVecWidth);
+    for (int r = 0; r < R; ++r) {
+      const vfloat xv = vset1(tile_x<R, PACKED>(x, r, kk, c));
+      lo[r] = vfma(xv, e_lo, lo[r]);
+      hi[r] = vfma(xv, e_hi, hi[r]);
+    }
+  }
+  store_tile<R>(lo, hi, out, n0, cols, c, last);
 }
 
 // x rows per M block: a block of x (<= kXBlockBytes) stays in L2 while the thread's
@@ -140,6 +217,32 @@ int64_t m_block_rows(const PackedCall& c) {
 }
 
 // Panels [begin, end) for x rows [m0, m1); x as given (PACKED false) or packed by pack_x.
+// Panels [begin, end) for x rows [m0, m1) over the panels packed at load (`words`:
+// [panels, ceil(K / 2), kPanel]); x as given or packed, as run_panels.
+template <bool PACKED>
+void run_pair_panels(float* out, const float* x, const uint32_t* words, const PackedCall& c,
+                     int64_t begin, int64_t end, int64_t m0, int64_t m1) {
+  const int64_t tile_stride = PACKED ? c.k : c.x_stride;
+  const int64_t panel_words = ((c.k + 1) / 2) * kPanel;
+  for (int64_t p = begin; p < end; ++p) {
+    const int64_t n0 = p * kPanel, cols = std::min(kPanel, c.n - n0);
+    const uint32_t* panel = words + p * panel_words;
+    const int64_t k_block = cols == kPanel ? kKBlock : c.k;  // kKBlock is even
+    for (int64_t k0 = 0; k0 < c.k; k0 += k_block) {
+      const int64_t k1 = std::min(c.k, k0 + k_block);
+      int64_t r = m0;
+      for (; r + kTileRows <= m1; r += kTileRows) {
+        pair_tile<kTileRows, PACKED>(x + r * tile_stride, panel, out + r * c.n, n0, cols, c,
+                                     k0, k1);
+      }
+      with_rows<kTileRows - 1>(int(m1 - r), [&](auto rows) {
+        pair_tile<decltype(rows)::value, PACKED>(x + r * tile_stride, panel, out + r * c.n,
+                                                 n0, cols, c, k0, k1);
+      });
+    }
+  }
+}
+
 template <bool PACKED, typename W>
 void run_panels(float* out, const float* x, const W* w, const PackedCall& c, float* panel,
                 int64_t begin, int64_t end, int64_t m0, int64_t m1) {
@@ -186,8 +289,10 @@ void pack_x(float* xt, const float* x, const PackedCall& c) {
 
 // Work units are (M block, panel) pairs, M block major, claimed in chunks: a thread's
 // chunk mostly stays in one M block, so its x rows stay in L2 across the chunk's panels.
+// `words`: the weight's panels packed at load, or nullptr (each call packs its own).
 template <typename W>
-void run_packed(float* out, const float* x, const W* w, const PackedCall& c) {
+void run_packed(float* out, const float* x, const W* w, const PackedCall& c,
+                const uint32_t* words = nullptr) {
   const int64_t panels = (c.n + kPanel - 1) / kPanel;
   const int64_t m_block = m_block_rows(c);
   const int64_t m_blocks = (c.m + m_block - 1) / m_block;
@@ -195,6 +300,22 @@ void run_packed(float* out, const float* x, const W* w, const PackedCall& c) {
   const bool pack = panels >= kPackXMinPanels;
   std::unique_ptr<float[]> xt(pack ? new float[c.m * c.k] : nullptr);  // written before read
   if (pack) pack_x(xt.get(), x, c);
+  const float* xs = pack ? xt.get() : x;
+  if (words != nullptr) {
+    sgl_cpu::parallel_for_claimed(0, m_blocks * panels, work_per_unit, [&](int64_t begin, int64_t end) {
+      for (int64_t u = begin; u < end;) {
+        const int64_t m0 = (u / panels) * m_block, p0 = u % panels;
+        const int64_t p1 = std::min(panels, p0 + (end - u)), m1 = std::min(c.m, m0 + m_block);
+        if (pack) {
+          run_pair_panels<true>(out, xs, words, c, p0, p1, m0, m1);
+        } else {
+          run_pair_panels<false>(out, xs, words, c, p0, p1, m0, m1);
+        }
+        u += p1 - p0;
+      }
+    });
+    return;
+  }
   sgl_cpu::parallel_for_claimed(0, m_blocks * panels, work_per_unit, [&](int64_t begin, int64_t end) {
     // every entry is written by pack_panel before it is read: no zero fill
     std::unique_ptr<float[]> panel(new float[c.k * kPanel]);
@@ -214,11 +335,48 @@ void run_packed(float* out, const float* x, const W* w, const PackedCall& c) {
 
 }  // namespace
 
+int64_t weight_panel_width() {
+#if defined(SGL_HAVE_VEC)
+  return kPanel;
+#else
+  return 0;
+#endif
+}
+
+// [ceil(N / kPanel), ceil(K / 2), kPanel] int32 words of a bf16 weight [N, K] (see the
+// header): built once at load, read by linear_packed in place of its per-call panels.
+at::Tensor pack_weight_panels(const at::Tensor& w) {
+  TORCH_CHECK(weight_panel_width() > 0, "weight panels need the AVX2/AVX-512 build");
+  TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 && w.is_contiguous() &&
+                  w.scalar_type() == at::kBFloat16,
+              "w must be a contiguous 2-D bfloat16 CPU tensor [N, K]");
+  const int64_t n = w.size(0), k = w.size(1), width = weight_panel_width();
+  const int64_t panels = (n + width - 1) / width, pairs = (k + 1) / 2;
+  at::Tensor packed = at::zeros({panels, pairs, width}, at::kInt);  // the N tail and K pad: 0
+  auto* words = reinterpret_cast<uint32_t*>(packed.data_ptr<int32_t>());
+  const auto* bits = reinterpret_cast<const uint16_t*>(w.data_ptr<c10::BFloat16>());
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n0 = p * width, cols = std::min(width, n - n0);
+      uint32_t* panel = words + p * pairs * width;
+      for (int64_t j = 0; j < cols; ++j) {
+        const uint16_t* row = bits + (n0 + j) * k;
+        for (int64_t q = 0; q < pairs; ++q) {
+          const uint32_t high = 2 * q + 1 < k ? row[2 * q + 1] : 0u;
+          panel[q * width + j] = uint32_t(row[2 * q]) | (high << 16);
+        }
+      }
+    }
+  });
+  return packed;
+}
+
 // out [M, N] <- x [M, K] @ w [N, K]^T (+ bias [N]): float32 x, out and bias with w bf16,
 // fp16 or float32; or all bf16 (the bf16 dot product where the build has it, else
-// at::linear).
+// at::linear). `panels`: w's panels from pack_weight_panels (bf16 w under float32 x), read
+// in place of the per-call packing.
 void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
-                   const std::optional<at::Tensor>& bias) {
+                   const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& panels) {
   check_rows(x, "x");
   const bool all_bf16 = x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16;
   TORCH_CHECK((x.scalar_type() == at::kFloat || all_bf16) && out.scalar_type() == x.scalar_type(),
@@ -234,6 +392,17 @@ void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
     has_bias ? out.copy_(bias->expand_as(out)) : out.zero_();
     return;
   }
+  const uint32_t* words = nullptr;
+  if (panels.has_value()) {
+    const int64_t width = weight_panel_width();
+    TORCH_CHECK(width > 0 && x.scalar_type() == at::kFloat && w.scalar_type() == at::kBFloat16,
+                "panels are for a bfloat16 w under float32 x on the AVX2/AVX-512 build");
+    TORCH_CHECK(panels->scalar_type() == at::kInt && panels->is_contiguous() &&
+                    panels->dim() == 3 && panels->size(0) == (w.size(0) + width - 1) / width &&
+                    panels->size(1) == (w.size(1) + 1) / 2 && panels->size(2) == width,
+                "panels must be pack_weight_panels(w)");
+    words = reinterpret_cast<const uint32_t*>(panels->data_ptr<int32_t>());
+  }
   if (all_bf16) {
 #if defined(SGL_HAVE_BF16_DOT)
     linear_packed_bf16_dot(out, x, w, has_bias ? bias->data_ptr<c10::BFloat16>() : nullptr);
@@ -248,7 +417,7 @@ void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   float* op = out.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
   switch (w.scalar_type()) {
-    case at::kBFloat16: run_packed(op, xp, w.data_ptr<c10::BFloat16>(), call); break;
+    case at::kBFloat16: run_packed(op, xp, w.data_ptr<c10::BFloat16>(), call, words); break;
     case at::kHalf: run_packed(op, xp, w.data_ptr<c10::Half>(), call); break;
     default: run_packed(op, xp, w.data_ptr<float>(), call);
   }

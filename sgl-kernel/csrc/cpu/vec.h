@@ -17,6 +17,7 @@
 #include <c10/util/Half.h>
 
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 namespace sgl_cpu {
@@ -44,6 +45,15 @@ inline vfloat vload(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 inline void vstore(float* p, vfloat v) { _mm512_storeu_ps(p, v); }
+// A 32-bit word holding two bf16 values (low half first): its low value (shifted into
+// the upper half) and its high value (the upper half kept), as float32 lanes.
+inline vfloat vpair_low(const uint32_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16));
+}
+inline vfloat vpair_high(const uint32_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(int32_t(0xffff0000u))));
+}
 inline vfloat vset1(float x) { return _mm512_set1_ps(x); }
 inline vfloat vzero() { return _mm512_setzero_ps(); }
 inline vfloat vadd(vfloat a, vfloat b) { return _mm512_add_ps(a, b); }
@@ -140,6 +150,16 @@ inline vfloat vload(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 inline void vstore(float* p, vfloat v) { _mm256_storeu_ps(p, v); }
+// A 32-bit word holding two bf16 values (low half first): its low value (shifted into
+// the upper half) and its high value (the upper half kept), as float32 lanes.
+inline vfloat vpair_low(const uint32_t* p) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+inline vfloat vpair_high(const uint32_t* p) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int32_t(0xffff0000u))));
+}
 inline vfloat vset1(float x) { return _mm256_set1_ps(x); }
 inline vfloat vzero() { return _mm256_setzero_ps(); }
 inline vfloat vadd(vfloat a, vfloat b) { return _mm256_add_ps(a, b); }

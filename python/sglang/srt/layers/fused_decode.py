@@ -28,6 +28,7 @@ from sglang.srt.layers.linear import (
     LONG_K_MAX_ROWS,
     SMALL_M_MAX_ROWS,
 )
+from sglang.srt.layers.weight_panels import panels_of
 
 if TYPE_CHECKING:
     from sglang.srt.layers.rotary_embedding import RotaryEmbedding
@@ -126,6 +127,10 @@ def _build(layer: nn.Module) -> Any:
         o_bias=attn.o_proj.bias,
         q_norm=attn.q_norm.weight if attn.qk_norm else None,
         k_norm=attn.k_norm.weight if attn.qk_norm else None,
+        qkv_panels=panels_of(attn.qkv_proj.weight),
+        o_panels=panels_of(attn.o_proj.weight),
+        gate_up_panels=panels_of(mlp.gate_up_proj.weight),
+        down_panels=panels_of(mlp.down_proj.weight),
     )
     shape = kernels.DecoderLayerShape(
         radix.tp_q_head_num,

@@ -33,6 +33,9 @@ HALF_WEIGHT_MAX_ROWS = 24
 # 2 threads); on the AVX2 EPYC linear_packed was the faster at every size.
 PACKED_MAX_ROWS_AVX512 = 256
 HALF_WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
+# A weight's panels packed at load for linear_packed hang off it under this attribute
+# (layers/weight_panels.py builds them).
+PANELS_ATTR = "cpu_panels"
 
 
 def tensor_parallel_all_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
@@ -53,7 +56,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     kernel = _kernel_for(x, weight, bias)
     if kernel is not None:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        kernel(out, x, weight, bias)
+        panels = getattr(weight, PANELS_ATTR, None)
+        if panels is not None and kernel is cpu_kernels.load().linear_packed:
+            kernel(out, x, weight, bias, panels)
+        else:
+            kernel(out, x, weight, bias)
         return out
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)

@@ -1,0 +1,91 @@
+"""bf16 linear weights packed once at load for linear_packed (layers/weight_panels.py):
+the same results as the per-call panels, built where they are read, refused when wrong."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang.demo_models import demo_target_path
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers import cpu_kernels
+from sglang.srt.layers.linear import HALF_WEIGHT_MAX_ROWS, LinearBase, linear
+from sglang.srt.layers.weight_panels import panels_of
+from sglang.srt.model_loader.loader import get_model
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    module = cpu_kernels.load()
+    assert module is not None, "the CPU kernels did not build (see the log)"
+    if module.weight_panel_width == 0:
+        pytest.fail("this machine's build has no vector path (weight panels need AVX2)")
+    return module
+
+
+@pytest.mark.parametrize(
+    "rows,k,n",
+    # M tails, N tails, odd K (a zero-padded pair), two K blocks (K 704), several M blocks
+    # (1100 rows at K 200), x packed in tiles (N >= 2048 on AVX2), one column, one row
+    [(32, 256, 512), (13, 95, 7), (300, 64, 33), (1, 1, 1), (1100, 200, 70), (40, 704, 64),
+     (65, 257, 4105), (7, 514, 2048)],
+)
+def test_panels_packed_at_load_give_the_per_call_results(kernels, rows, k, n):
+    """Same multiply-adds in the same order: bitwise the per-call panels' output, and
+    within float32 rounding of F.linear over the widened weight; x rows strided."""
+    x = torch.randn(rows, 2 * k)[:, :k]
+    w = (torch.randn(n, k) / 8).bfloat16()
+    panels = kernels.pack_weight_panels(w)
+    width = kernels.weight_panel_width
+    assert panels.shape == ((n + width - 1) // width, (k + 1) // 2, width)
+    for bias in (None, torch.randn(n)):
+        per_call, at_load = torch.empty(rows, n), torch.empty(rows, n)
+        kernels.linear_packed(per_call, x, w, bias)
+        kernels.linear_packed(at_load, x, w, bias, panels)
+        assert torch.equal(at_load, per_call)
+        torch.testing.assert_close(at_load, F.linear(x, w.float(), bias), atol=1e-4, rtol=1e-4)
+
+
+def test_wrong_panels_are_refused(kernels):
+    x, w = torch.randn(40, 64), torch.randn(48, 64).bfloat16()
+    other = kernels.pack_weight_panels(torch.randn(80, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="pack_weight_panels"):
+        kernels.linear_packed(torch.empty(40, 48), x, w, None, other)
+    with pytest.raises(RuntimeError, match="bfloat16 w under float32"):
+        half = torch.randn(48, 64).half()
+        kernels.linear_packed(torch.empty(40, 48), x, half, None, kernels.pack_weight_panels(w))
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        kernels.pack_weight_panels(torch.randn(48, 64))
+
+
+def test_the_scalar_build_has_no_panels():
+    scalar = cpu_kernels.build_scalar()
+    assert scalar.weight_panel_width == 0
+    with pytest.raises(RuntimeError, match="AVX2"):
+        scalar.pack_weight_panels(torch.randn(8, 8).bfloat16())
+
+
+def test_linear_reads_a_weights_panels(kernels, monkeypatch):
+    """linear() hands linear_packed the panels hanging off the weight."""
+    seen = []
+    real = kernels.linear_packed
+    monkeypatch.setattr(kernels, "linear_packed", lambda *a: seen.append(len(a)) or real(*a))
+    w = (torch.randn(24, 128) / 8).bfloat16()
+    w.cpu_panels = kernels.pack_weight_panels(w)
+    x = torch.randn(HALF_WEIGHT_MAX_ROWS + 5, 128)
+    torch.testing.assert_close(linear(x, w), F.linear(x, w.float()), atol=1e-4, rtol=1e-4)
+    assert seen == [5]
+
+
+def test_loader_packs_the_demo_models_linears_and_lm_head(kernels, monkeypatch):
+    """The bf16 demo checkpoint run in float32: every linear weight and the (tied) lm_head
+    get panels at load; SGLANG_CPU_WEIGHT_PANELS=0 builds none."""
+    config = ModelConfig(str(demo_target_path()), dtype=torch.float32)  # the CPU default
+    model = get_model(config, "cpu")
+    linears = [m.weight for m in model.modules() if isinstance(m, LinearBase)]
+    assert linears and all(panels_of(w) is not None for w in linears)
+    assert panels_of(model.lm_head.weight) is not None
+    monkeypatch.setenv("SGLANG_CPU_WEIGHT_PANELS", "0")
+    bare = get_model(config, "cpu")
+    assert all(panels_of(m.weight) is None for m in bare.modules() if isinstance(m, LinearBase))
