@@ -23,6 +23,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <type_traits>
 
 #include "common.h"
 #include "gemm_packed_bf16.h"
@@ -216,7 +217,25 @@ int64_t m_block_rows(const PackedCall& c) {
   return std::max<int64_t>(kTileRows, rows - rows % kTileRows);
 }
 
-// Panels [begin, end) for x rows [m0, m1); x as given (PACKED false) or packed by pack_x.
+// tile(rows, r, k0, k1) for every register tile of x rows [m0, m1) over one panel (rows
+// an std::integral_constant: kTileRows, then the M tail), K block by K block: each block
+// of kKBlock panel rows stays in L1 while every tile of x passes over it (a whole K = 704
+// panel plus a tile's x rows is more than L1 holds). A partial panel (the N tail) comes
+// in one block. kKBlock is even, so a block is whole word rows of a panel packed at load.
+template <typename Tile>
+inline void for_each_tile(const PackedCall& c, int64_t cols, int64_t m0, int64_t m1,
+                          const Tile& tile) {
+  const int64_t k_block = cols == kPanel ? kKBlock : c.k;
+  for (int64_t k0 = 0; k0 < c.k; k0 += k_block) {
+    const int64_t k1 = std::min(c.k, k0 + k_block);
+    int64_t r = m0;
+    for (; r + kTileRows <= m1; r += kTileRows) {
+      tile(std::integral_constant<int, kTileRows>{}, r, k0, k1);
+    }
+    with_rows<kTileRows - 1>(int(m1 - r), [&](auto rows) { tile(rows, r, k0, k1); });
+  }
+}
+
 // Panels [begin, end) for x rows [m0, m1) over the panels packed at load (`words`:
 // [panels, ceil(K / 2), kPanel]); x as given or packed, as run_panels.
 template <bool PACKED>
@@ -227,22 +246,14 @@ void run_pair_panels(float* out, const float* x, const uint32_t* words, const Pa
   for (int64_t p = begin; p < end; ++p) {
     const int64_t n0 = p * kPanel, cols = std::min(kPanel, c.n - n0);
     const uint32_t* panel = words + p * panel_words;
-    const int64_t k_block = cols == kPanel ? kKBlock : c.k;  // kKBlock is even
-    for (int64_t k0 = 0; k0 < c.k; k0 += k_block) {
-      const int64_t k1 = std::min(c.k, k0 + k_block);
-      int64_t r = m0;
-      for (; r + kTileRows <= m1; r += kTileRows) {
-        pair_tile<kTileRows, PACKED>(x + r * tile_stride, panel, out + r * c.n, n0, cols, c,
-                                     k0, k1);
-      }
-      with_rows<kTileRows - 1>(int(m1 - r), [&](auto rows) {
-        pair_tile<decltype(rows)::value, PACKED>(x + r * tile_stride, panel, out + r * c.n,
-                                                 n0, cols, c, k0, k1);
-      });
-    }
+    for_each_tile(c, cols, m0, m1, [&](auto rows, int64_t r, int64_t k0, int64_t k1) {
+      pair_tile<decltype(rows)::value, PACKED>(x + r * tile_stride, panel, out + r * c.n, n0,
+                                               cols, c, k0, k1);
+    });
   }
 }
 
+// Panels [begin, end) for x rows [m0, m1); x as given (PACKED false) or packed by pack_x.
 template <bool PACKED, typename W>
 void run_panels(float* out, const float* x, const W* w, const PackedCall& c, float* panel,
                 int64_t begin, int64_t end, int64_t m0, int64_t m1) {
@@ -252,21 +263,10 @@ void run_panels(float* out, const float* x, const W* w, const PackedCall& c, flo
   for (int64_t p = begin; p < end; ++p) {
     const int64_t n0 = p * kPanel, cols = std::min(kPanel, c.n - n0);
     pack_panel(panel, w, n0, cols, c.k);
-    // K blocks of kKBlock panel rows: each stays in L1 while every tile of x passes
-    // over it (a whole K = 704 panel plus a tile's x rows is more than L1 holds).
-    const int64_t k_block = cols == kPanel ? kKBlock : c.k;
-    for (int64_t k0 = 0; k0 < c.k; k0 += k_block) {
-      const int64_t k1 = std::min(c.k, k0 + k_block);
-      int64_t r = m0;
-      for (; r + kTileRows <= m1; r += kTileRows) {
-        panel_tile<kTileRows, PACKED>(x + r * tile_stride, panel, out + r * c.n, n0, cols, c,
-                                      k0, k1);
-      }
-      with_rows<kTileRows - 1>(int(m1 - r), [&](auto rows) {
-        panel_tile<decltype(rows)::value, PACKED>(x + r * tile_stride, panel, out + r * c.n,
-                                                  n0, cols, c, k0, k1);
-      });
-    }
+    for_each_tile(c, cols, m0, m1, [&](auto rows, int64_t r, int64_t k0, int64_t k1) {
+      panel_tile<decltype(rows)::value, PACKED>(x + r * tile_stride, panel, out + r * c.n, n0,
+                                                cols, c, k0, k1);
+    });
   }
 }
 
