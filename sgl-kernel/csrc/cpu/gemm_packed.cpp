@@ -287,6 +287,25 @@ void pack_x(float* xt, const float* x, const PackedCall& c) {
   });
 }
 
+// Panels [p0, p1) for x rows [m0, m1): over the load-time `words` when given, else
+// packing each panel of `w` into `panel`; x packed by pack_x when `packed`.
+template <typename W>
+void run_chunk(float* out, const float* x, const W* w, const uint32_t* words,
+               const PackedCall& c, float* panel, bool packed, int64_t p0, int64_t p1,
+               int64_t m0, int64_t m1) {
+  if (words != nullptr) {
+    if (packed) {
+      run_pair_panels<true>(out, x, words, c, p0, p1, m0, m1);
+    } else {
+      run_pair_panels<false>(out, x, words, c, p0, p1, m0, m1);
+    }
+  } else if (packed) {
+    run_panels<true>(out, x, w, c, panel, p0, p1, m0, m1);
+  } else {
+    run_panels<false>(out, x, w, c, panel, p0, p1, m0, m1);
+  }
+}
+
 // Work units are (M block, panel) pairs, M block major, claimed in chunks: a thread's
 // chunk mostly stays in one M block, so its x rows stay in L2 across the chunk's panels.
 // `words`: the weight's panels packed at load, or nullptr (each call packs its own).
@@ -301,32 +320,14 @@ void run_packed(float* out, const float* x, const W* w, const PackedCall& c,
   std::unique_ptr<float[]> xt(pack ? new float[c.m * c.k] : nullptr);  // written before read
   if (pack) pack_x(xt.get(), x, c);
   const float* xs = pack ? xt.get() : x;
-  if (words != nullptr) {
-    sgl_cpu::parallel_for_claimed(0, m_blocks * panels, work_per_unit, [&](int64_t begin, int64_t end) {
-      for (int64_t u = begin; u < end;) {
-        const int64_t m0 = (u / panels) * m_block, p0 = u % panels;
-        const int64_t p1 = std::min(panels, p0 + (end - u)), m1 = std::min(c.m, m0 + m_block);
-        if (pack) {
-          run_pair_panels<true>(out, xs, words, c, p0, p1, m0, m1);
-        } else {
-          run_pair_panels<false>(out, xs, words, c, p0, p1, m0, m1);
-        }
-        u += p1 - p0;
-      }
-    });
-    return;
-  }
   sgl_cpu::parallel_for_claimed(0, m_blocks * panels, work_per_unit, [&](int64_t begin, int64_t end) {
-    // every entry is written by pack_panel before it is read: no zero fill
-    std::unique_ptr<float[]> panel(new float[c.k * kPanel]);
+    // the per-call path's panel buffer: every entry is written by pack_panel before it
+    // is read (no zero fill); none when the panels were packed at load
+    std::unique_ptr<float[]> panel(words == nullptr ? new float[c.k * kPanel] : nullptr);
     for (int64_t u = begin; u < end;) {
       const int64_t m0 = (u / panels) * m_block, p0 = u % panels;
       const int64_t p1 = std::min(panels, p0 + (end - u)), m1 = std::min(c.m, m0 + m_block);
-      if (pack) {
-        run_panels<true>(out, xt.get(), w, c, panel.get(), p0, p1, m0, m1);
-      } else {
-        run_panels<false>(out, x, w, c, panel.get(), p0, p1, m0, m1);
-      }
+      run_chunk(out, xs, w, words, c, panel.get(), pack, p0, p1, m0, m1);
       u += p1 - p0;
     }
   });

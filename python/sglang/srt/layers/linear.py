@@ -53,11 +53,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     kept in a half checkpoint's dtype under float32 compute (see
     `model_loader.loader.half_weight_dtype`) is widened by our kernels as they load it
     (see `_kernel_for`), or here when neither serves the call."""
-    kernel = _kernel_for(x, weight, bias)
+    kernel, packed = _kernel_for(x, weight, bias)
     if kernel is not None:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        panels = getattr(weight, PANELS_ATTR, None)
-        if panels is not None and kernel is cpu_kernels.load().linear_packed:
+        panels = getattr(weight, PANELS_ATTR, None) if packed else None
+        if panels is not None:
             kernel(out, x, weight, bias, panels)
         else:
             kernel(out, x, weight, bias)
@@ -68,27 +68,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """Our kernel for this call, or None: linear_small_m for the rows `small_m_rows`
+    """(our kernel for this call or None, whether it is linear_packed, which takes the
+    weight's load-time panels): linear_small_m for the rows `small_m_rows`
     gives it; past them, linear_packed for bf16 x over bf16 weights where the kernels have
     the AVX-512 bf16 dot product, and for a half weight under float32 (it widens a panel
     at a time instead of F.linear's whole-weight copy per call), except past
     PACKED_MAX_ROWS_AVX512 rows on AVX-512, where MKL over the widened weight is faster."""
     if x.dim() != 2 or x.stride(1) != 1 or not weight.is_contiguous():
-        return None
+        return None, False
     half_under_float = x.dtype == torch.float32 and weight.dtype in HALF_WEIGHT_DTYPES
     dtypes_ok = weight.dtype == x.dtype or half_under_float
     if not dtypes_ok or (bias is not None and bias.dtype != x.dtype) or not cpu_kernels.usable(x):
-        return None
+        return None, False
     kernels = cpu_kernels.load()
     if small_m_rows(x.shape[0], x.shape[1], half_under_float):
-        return kernels.linear_small_m
+        return kernels.linear_small_m, False
     if kernels.bf16_dot and x.dtype == weight.dtype == torch.bfloat16:
-        return kernels.linear_packed  # bf16 dot products: 1.1-3x oneDNN's bf16 at 16-256 rows
+        # bf16 dot products: 1.1-3x oneDNN's bf16 at 16-256 rows
+        return kernels.linear_packed, True
     if not half_under_float:
-        return None
+        return None, False
     if kernels.vector_isa == "avx512" and x.shape[0] > PACKED_MAX_ROWS_AVX512:
-        return None  # widened, then F.linear
-    return kernels.linear_packed
+        return None, False  # widened, then F.linear
+    return kernels.linear_packed, True
 
 
 def small_m_rows(rows: int, width: int, half_under_float: bool) -> bool:
