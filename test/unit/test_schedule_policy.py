@@ -96,6 +96,26 @@ def test_new_token_ratio_decays_and_resets():
     assert ratio.reserve([make_req("a", max_new=100)]) == int(100 * start)
 
 
+def test_a_request_only_its_length_can_end_is_reserved_in_full():
+    """ignore_eos with no stop or grammar takes every remaining token: admission must
+    not over-admit on the decaying ratio and retract later (lost work)."""
+    ratio = NewTokenRatio(1.0, decay_steps=10)
+    for _ in range(100):
+        ratio.decay()
+    bound = Req("a", [1, 2], SamplingParams(max_new_tokens=100, ignore_eos=True))
+    assert bound.ends_by_length_only
+    assert ratio.reserve([bound]) == 100
+    assert ratio.reserve([make_req("b", max_new=100)]) == int(100 * ratio.min)
+    for params in (
+        SamplingParams(max_new_tokens=100, ignore_eos=True, stop_token_ids=[3]),
+        SamplingParams(max_new_tokens=100, ignore_eos=True, stop=["x"]),
+        SamplingParams(max_new_tokens=100, ignore_eos=True, regex="a+"),
+    ):
+        params.normalize()
+        assert not Req("c", [1], params).ends_by_length_only
+        assert ratio.reserve([Req("c", [1], params)]) == int(100 * ratio.min)
+
+
 def test_pick_retractions_prefers_least_progress_and_keeps_one():
     reqs = [
         make_req("a", n_in=10, n_out=5),

@@ -28,3 +28,11 @@ def idle_pool_problems(state: dict[str, Any]) -> list[str]:
             problems.append(f"draft request slots: {state['draft_free_req_slots']} free of "
                             f"{state['draft_total_req_slots']}")  # fmt: skip
     return problems
+
+
+def stop_id_never_generated(outputs: list[list[int]], vocab_size: int) -> int:
+    """A token id that none of `outputs` holds. As a stop token id it changes no output,
+    but the request is then no longer one that only its length can end, so admission
+    reserves its output by the decaying ratio (and a small pool can force retraction)."""
+    seen = {token for out in outputs for token in out}
+    return next(t for t in range(vocab_size - 1, -1, -1) if t not in seen)

@@ -28,5 +28,6 @@ class ScheduleArgs:
     )
     stream_interval: int = arg(1, "Emit a streaming chunk every N decoded tokens.")
     schedule_conservativeness: float = arg(
-        1.0, "Higher values reserve more KV room for running requests (fewer retractions)."
+        1.0, "Higher values reserve more KV room for running requests whose output length is "
+        "open (fewer retractions); one only max_new_tokens can end is reserved in full.",
     )

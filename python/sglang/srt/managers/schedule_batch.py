@@ -67,6 +67,9 @@ class Req:
         self.stream = stream
         max_new = sampling_params.max_new_tokens
         self.max_new_tokens = CLIP_MAX_NEW_TOKENS if max_new is None else max_new
+        # Nothing but its length (or an abort) can end this request: it will take all of
+        # its remaining_new_tokens, so admission reserves them in full (not a guess).
+        self.ends_by_length_only = sampling_params.ends_by_length_only
         self.finished_reason: dict[str, Any] | None = None
         # memory (see the region table above)
         self.req_pool_idx: int | None = None

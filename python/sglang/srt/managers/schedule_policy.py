@@ -160,13 +160,16 @@ class NewTokenRatio:
         self.value = self.init
 
     def reserve(self, reqs: list[Req], page_size: int = 1) -> int:
-        """KV slots the running requests are assumed to still take (whole pages)."""
+        """KV slots the running requests are assumed to still take (whole pages): all of
+        the remaining tokens of one that only its length can end, the ratio of the rest's."""
         if page_size == 1:
-            return int(sum(r.remaining_new_tokens() for r in reqs) * self.value)
-        return sum(
-            page_span(r.kv_len, r.kv_len + int(r.remaining_new_tokens() * self.value), page_size)
-            for r in reqs
-        )
+            return sum(self._expected(r) for r in reqs)
+        return sum(page_span(r.kv_len, r.kv_len + self._expected(r), page_size) for r in reqs)
+
+    def _expected(self, req: Req) -> int:
+        if req.ends_by_length_only:
+            return req.remaining_new_tokens()
+        return int(req.remaining_new_tokens() * self.value)
 
 
 def decode_need(reqs: list[Req], page_size: int = 1) -> int:

@@ -88,6 +88,18 @@ class SamplingParams(SamplingParamsSpec):
         return self._stop_strs
 
     @property
+    def ends_by_length_only(self) -> bool:
+        """Whether only max_new_tokens (or the context length, or an abort) can end the
+        request: EOS ignored, no stop strings or stop token ids, no grammar to finish."""
+        return (
+            self.ignore_eos
+            and not self.stop
+            and not self.stop_strs
+            and not self.stop_token_ids
+            and all(getattr(self, name) is None for name in _CONSTRAINT_FIELDS)
+        )
+
+    @property
     def is_greedy(self) -> bool:
         return self.temperature < 1e-6 or self.top_k == 1
 
