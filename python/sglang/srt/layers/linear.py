@@ -53,12 +53,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     kept in a half checkpoint's dtype under float32 compute (see
     `model_loader.loader.half_weight_dtype`) is widened by our kernels as they load it
     (see `_kernel_for`), or here when neither serves the call."""
-    kernel, packed = _kernel_for(x, weight, bias)
+    kernel, reads_panels = _kernel_for(x, weight, bias)
     if kernel is not None:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        panels = getattr(weight, PANELS_ATTR, None) if packed else None
-        if panels is not None:
-            kernel(out, x, weight, bias, panels)
+        if reads_panels:
+            kernel(out, x, weight, bias, getattr(weight, PANELS_ATTR, None))
         else:
             kernel(out, x, weight, bias)
         return out
@@ -68,8 +67,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """(our kernel for this call or None, whether it is linear_packed, which takes the
-    weight's load-time panels): linear_small_m for the rows `small_m_rows`
+    """(our kernel for this call or None, whether it is linear_packed over a half weight
+    under float32, which reads the weight's load-time panels): linear_small_m for the rows `small_m_rows`
     gives it; past them, linear_packed for bf16 x over bf16 weights where the kernels have
     the AVX-512 bf16 dot product, and for a half weight under float32 (it widens a panel
     at a time instead of F.linear's whole-weight copy per call), except past
@@ -85,7 +84,7 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         return kernels.linear_small_m, False
     if kernels.bf16_dot and x.dtype == weight.dtype == torch.bfloat16:
         # bf16 dot products: 1.1-3x oneDNN's bf16 at 16-256 rows
-        return kernels.linear_packed, True
+        return kernels.linear_packed, False
     if not half_under_float:
         return None, False
     if kernels.vector_isa == "avx512" and x.shape[0] > PACKED_MAX_ROWS_AVX512:

@@ -37,7 +37,7 @@ def attach(model: nn.Module, compute_dtype: torch.dtype) -> None:
     if compute_dtype != torch.float32 or not envs.SGLANG_CPU_WEIGHT_PANELS.get():
         return
     kernels = cpu_kernels.load()
-    if kernels is None or getattr(kernels, "weight_panel_width", 0) == 0:
+    if kernels is None or kernels.weight_panel_width == 0:
         return
     total_bytes = 0
     for weight in _linear_weights(model):
