@@ -7,7 +7,8 @@
 #      input 512, output 128) next to HF transformers in the same process
 # then prints one table. Exits 2 at once when torch sees no CUDA device.
 #
-#   scripts/gpu_check.sh            (from anywhere; PYTHON=... picks the interpreter)
+#   scripts/gpu_check.sh            (from anywhere; PYTHON=... picks the interpreter;
+#                                    GPU_CHECK_LOGS=DIR keeps each step's whole log there)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,11 +24,13 @@ fi
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+LOGS="${GPU_CHECK_LOGS:-$WORK}"  # written as each step runs, so a killed run keeps them
+mkdir -p "$LOGS"
 unset TRITON_INTERPRET  # the kernels must compile for the GPU
 declare -a ROWS=()
 
 run_tests() {  # name, pytest args...: one PASS/FAIL row from pytest's summary line
-    local name="$1" log="$WORK/$1.log"
+    local name="$1" log="$LOGS/${1// /_}.log"
     shift
     local status=PASS
     timeout 330 "$PY" -m pytest "$@" -q -p no:cacheprovider >"$log" 2>&1 || status=FAIL
@@ -63,7 +66,7 @@ save_tokenizer_files(cached_tokenizer(), out, model_max_length=40960)
 PY
 
 BENCH_STATUS=PASS
-timeout 300 "$PY" - "$MODEL" "$WORK/bench.json" >"$WORK/bench.log" 2>&1 <<'PY' || BENCH_STATUS=FAIL
+timeout 300 "$PY" - "$MODEL" "$WORK/bench.json" >"$LOGS/bench.log" 2>&1 <<'PY' || BENCH_STATUS=FAIL
 import json, sys
 
 from sglang.bench_one_batch import main
@@ -76,8 +79,8 @@ out = [{"bs": r["bs"], **{f"{name}_{k}": getattr(r[name], k) for name in ("ours"
 json.dump(out, open(sys.argv[2], "w"))
 PY
 ROWS+=("$(printf '%-28s %s' "bench_one_batch (dummy)" "$BENCH_STATUS")")
-[[ $BENCH_STATUS == PASS ]] || { echo "---- bench failed:"; tail -n 40 "$WORK/bench.log"; }
-BACKEND="$(grep -o "with [a-z_]* attention" "$WORK/bench.log" | head -n 1 || true)"
+[[ $BENCH_STATUS == PASS ]] || { echo "---- bench failed:"; tail -n 40 "$LOGS/bench.log"; }
+BACKEND="$(grep -o "with [a-z_]* attention" "$LOGS/bench.log" | head -n 1 || true)"
 
 echo
 echo "================ gpu_check ================"

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.attention.triton_ops import dot_precision
+
 # tl.dot needs at least 16 rows: a program attends this many query heads at a time,
 # masking the ones beyond its KV head's group
 _BLOCK_H = 16
@@ -73,6 +75,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HAS_CAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     batch, head_block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     # a KV head's group of query heads takes cdiv(group, BLOCK_H) programs
@@ -103,7 +106,7 @@ def _decode_split_kernel(
             slots = tl.load(table_row + offs_n, mask=mask_n, other=0).to(tl.int64)
             k_ptrs = K_Buffer + slots[None, :] * stride_kbs + kv_head * stride_kh + offs_d[:, None]
             k = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [D, N]
-            qk = tl.dot(q, k.to(q.dtype)) * sm_scale  # [H, N], fp32
+            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale  # [H, N], fp32
             if HAS_CAP:
                 qk = logit_cap * _tanh(qk / logit_cap)
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
@@ -112,7 +115,7 @@ def _decode_split_kernel(
             new_max = tl.maximum(tl.max(qk, 1), e_max)
             rescale = tl.exp(e_max - new_max)
             p = tl.exp(qk - new_max[:, None])
-            acc = acc * rescale[:, None] + tl.dot(p.to(q.dtype), v)  # v: [N, D]
+            acc = acc * rescale[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
             e_sum = e_sum * rescale + tl.sum(p, 1)
             e_max = new_max
 
@@ -204,7 +207,7 @@ def decode_attention_fwd(
         split_out.stride(0), split_out.stride(1), split_out.stride(2),
         split_lse.stride(0), split_lse.stride(1),
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=_BLOCK_N, BLOCK_H=_BLOCK_H,
-        HAS_CAP=bool(logit_cap),
+        HAS_CAP=bool(logit_cap), DOT_PRECISION=dot_precision(q.dtype),
     )  # fmt: skip
     _decode_reduce_kernel[(bs, hq)](
         split_out, split_lse, out, seq_lens, num_kv_splits, window or 0,

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.attention.triton_ops import dot_precision
+
 _BLOCK_M = 32
 _BLOCK_N = 32
 _NO_MAX = tl.constexpr(-1.0e30)  # see decode_attention: keeps fully masked rows nan-free
@@ -34,18 +36,18 @@ def _tanh(x):
 
 
 @triton.jit
-def _online_softmax_step(acc, e_max, e_sum, qk, v):
+def _online_softmax_step(acc, e_max, e_sum, qk, v, DOT_PRECISION: tl.constexpr):
     """Fold one block of scores qk [M, N] (masked -> -inf) and values v [N, D] in."""
     new_max = tl.maximum(tl.max(qk, 1), e_max)
     rescale = tl.exp(e_max - new_max)
     p = tl.exp(qk - new_max[:, None])
-    acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, new_max, e_sum * rescale + tl.sum(p, 1)
 
 
 @triton.jit
-def _scores(q, k, sm_scale, logit_cap, HAS_CAP: tl.constexpr):
-    qk = tl.dot(q, k) * sm_scale  # [M, N], fp32
+def _scores(q, k, sm_scale, logit_cap, HAS_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    qk = tl.dot(q, k, input_precision=DOT_PRECISION) * sm_scale  # [M, N], fp32
     if HAS_CAP:
         qk = logit_cap * _tanh(qk / logit_cap)
     return qk
@@ -86,6 +88,7 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_CAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     batch, head, block_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kv_head = head // kv_group_num
@@ -116,14 +119,16 @@ def _extend_kernel(
             slots = tl.load(table_row + offs_n, mask=mask_n, other=0).to(tl.int64)
             k_ptrs = K_Buffer + slots[None, :] * stride_kbs + kv_head * stride_kbh + offs_d[:, None]
             k = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [D, N]
-            qk = _scores(q, k.to(q.dtype), sm_scale, logit_cap, HAS_CAP)
+            qk = _scores(q, k.to(q.dtype), sm_scale, logit_cap, HAS_CAP, DOT_PRECISION)
             visible = mask_n[None, :] & (
                 (window <= 0) | (offs_n[None, :] > q_pos[:, None] - window)
             )
             qk = tl.where(visible, qk, float("-inf"))
             v_ptrs = V_Buffer + slots[:, None] * stride_vbs + kv_head * stride_vbh + offs_d[None, :]
             v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-            acc, e_max, e_sum = _online_softmax_step(acc, e_max, e_sum, qk, v.to(q.dtype))
+            acc, e_max, e_sum = _online_softmax_step(
+                acc, e_max, e_sum, qk, v.to(q.dtype), DOT_PRECISION
+            )
 
         # phase 2: the new tokens, causally; none past this block's last query
         new_end = tl.minimum((block_m + 1) * BLOCK_M, extend_len)
@@ -133,13 +138,15 @@ def _extend_kernel(
             key_rows = (first_token + offs_n).to(tl.int64)
             k_ptrs = K_new + key_rows[None, :] * stride_knt + kv_head * stride_knh + offs_d[:, None]
             k = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-            qk = _scores(q, k.to(q.dtype), sm_scale, logit_cap, HAS_CAP)
+            qk = _scores(q, k.to(q.dtype), sm_scale, logit_cap, HAS_CAP, DOT_PRECISION)
             visible = mask_n[None, :] & (offs_n[None, :] <= offs_m[:, None])
             visible &= (window <= 0) | (offs_n[None, :] > offs_m[:, None] - window)
             qk = tl.where(visible, qk, float("-inf"))
             v_ptrs = V_new + key_rows[:, None] * stride_vnt + kv_head * stride_vnh + offs_d[None, :]
             v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-            acc, e_max, e_sum = _online_softmax_step(acc, e_max, e_sum, qk, v.to(q.dtype))
+            acc, e_max, e_sum = _online_softmax_step(
+                acc, e_max, e_sum, qk, v.to(q.dtype), DOT_PRECISION
+            )
 
         # every real query sees itself, so e_sum > 0 on stored rows; padded rows divide by 1
         out = acc / tl.where(e_sum > 0, e_sum, 1.0)[:, None]
@@ -184,5 +191,5 @@ def extend_attention_fwd(
         out.stride(0), out.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N,
-        HAS_CAP=bool(logit_cap),
+        HAS_CAP=bool(logit_cap), DOT_PRECISION=dot_precision(q.dtype),
     )  # fmt: skip
