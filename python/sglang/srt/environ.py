@@ -191,6 +191,14 @@ class Envs:
         "re-laid out for the many-row kernel (packed once at load instead of per call: a "
         "second copy of the linear weights' bytes); 0 packs per call.",
     )
+    SGLANG_CPU_HUGE_PAGES = EnvVar(
+        "SGLANG_CPU_HUGE_PAGES",
+        "bool",
+        True,
+        "On Linux CPU, advise the linear and embedding weights and the KV pool onto 2 MiB "
+        "transparent huge pages (where THP is not `never`): fewer TLB misses as a step "
+        "streams them; 0 leaves them on 4 KiB pages.",
+    )
     SGLANG_CPU_HALF_WEIGHTS = EnvVar(
         "SGLANG_CPU_HALF_WEIGHTS",
         "bool",

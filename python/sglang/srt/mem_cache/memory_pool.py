@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from sglang.srt import huge_pages
+
 
 class ReqToTokenPool:
     """`req_to_token[req_idx, pos]` = KV slot of a request's token at position `pos`.
@@ -71,8 +73,12 @@ class MHATokenToKVPool:
         self.dtype = dtype
         self.head_num, self.head_dim, self.layer_num = head_num, head_dim, layer_num
         self.device = device
+        shape = (size + page_size, 2, head_num, head_dim)
+        on_cpu = torch.device(device).type == "cpu"
         self.kv_buffer = [
-            torch.empty(size + page_size, 2, head_num, head_dim, dtype=dtype, device=device)
+            huge_pages.empty(shape, dtype)
+            if on_cpu
+            else torch.empty(shape, dtype=dtype, device=device)
             for _ in range(layer_num)
         ]
         for buf in self.kv_buffer:

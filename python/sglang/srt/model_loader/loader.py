@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from sglang.srt import huge_pages
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.environ import envs
 from sglang.srt.layers import cpu_kernels, weight_panels
@@ -71,6 +72,8 @@ def get_model(
             weight_dtype,
             model_config.dtype,
         )
+    if torch.device(device).type == "cpu":
+        place_on_huge_pages(model)
     with torch.no_grad():
         if load_format == "dummy":
             init_dummy_weights(model)
@@ -106,6 +109,16 @@ def keep_weights_in(model: nn.Module, dtype: torch.dtype) -> None:
     for module in model.modules():
         if isinstance(module, (LinearBase, VocabParallelEmbedding)):
             module.weight.data = torch.empty(module.weight.shape, dtype=dtype)
+
+
+def place_on_huge_pages(model: nn.Module) -> None:
+    """Re-allocate (before loading) the parameters of 2 MiB or more on huge pages where the
+    kernel gives them (sglang.srt.huge_pages): a decode step streams them all."""
+    if not huge_pages.enabled():
+        return
+    for param in model.parameters():  # once per tensor: tied weights share the Parameter
+        if param.numel() * param.element_size() >= huge_pages.HUGE_PAGE_BYTES:
+            param.data = huge_pages.empty(param.shape, param.dtype)
 
 
 def weight_iterator(model_dir: Path, load_format: str = "auto"):
