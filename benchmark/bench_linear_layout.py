@@ -1,9 +1,10 @@
 """CPU matmul micro-benchmark: F.linear on [out, in] vs x @ W_t on a contiguous [in, out]
 (--variants layout), or vs our small-M kernel over float32 and bf16 weights (--variants
-small-m).
+small-m), or our kernel's one-row GEMV over bf16 weights with float32 and bf16 x, in GB/s of
+weight read (--variants one-row; use --ms 1 and --cold-mib past the L3).
 
     python benchmark/bench_linear_layout.py [--threads 1 2] [--ms 1 4 8 32 256] [--reps 100]
-        [--cold-mib 64] [--variants layout|small-m] [--shapes demo|qwen3-0.6b]
+        [--cold-mib 64] [--variants layout|small-m|one-row] [--shapes demo|qwen3-0.6b]
 
 For each weight shape (the demo model's linears and lm_head, plus the shapes of
 issue 13) and each batch M, the variants run interleaved in one process
@@ -25,6 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from sglang.srt import huge_pages
 from sglang.srt.layers import cpu_kernels
 
 # (in, out): demo model qkv 256->512, o 256->256, gate_up 256->1408, down 704->256,
@@ -69,6 +71,24 @@ def small_m_variants(w: torch.Tensor, bias: torch.Tensor):
     }
 
 
+def one_row_variants(w: torch.Tensor, bias: torch.Tensor):
+    """name -> fn(x): F.linear, and our kernel over the weight's bf16 copy with float32 x
+    (the half-weight path) and with bf16 x (`dtype auto` on a CPU with the bf16 dot)."""
+    kernel = cpu_kernels.load()
+    w_bf16 = huge_pages.empty(w.shape, torch.bfloat16).copy_(w)  # as the loader places it
+
+    def ours(x, out_dtype):
+        out = torch.empty(x.shape[0], w_bf16.shape[0], dtype=out_dtype)
+        kernel.linear_small_m(out, x.to(out_dtype), w_bf16)
+        return out
+
+    return {
+        "F.linear": lambda x: F.linear(x, w),
+        "ours(f32 x, bf16 w)": lambda x: ours(x, torch.float32),
+        "ours(bf16 x, bf16 w)": lambda x: ours(x, torch.bfloat16),
+    }
+
+
 def time_interleaved(copies: list[dict], x: torch.Tensor, reps: int, inner: int) -> dict:
     """Median us per call of each variant; call i uses copy i mod len(copies)."""
     names = list(copies[0])
@@ -94,10 +114,12 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--cold-mib", type=float, default=0,
                    help="cycle through copies of each weight filling this many MiB (0: one copy)")
-    p.add_argument("--variants", choices=["layout", "small-m"], default="layout")
+    p.add_argument("--variants", choices=["layout", "small-m", "one-row"], default="layout")
     p.add_argument("--shapes", choices=["demo", "qwen3-0.6b"], default="demo")
     args = p.parse_args()
-    make = variants if args.variants == "layout" else small_m_variants
+    make = {"layout": variants, "small-m": small_m_variants, "one-row": one_row_variants}[
+        args.variants
+    ]
     shapes = SHAPES if args.shapes == "demo" else QWEN3_SHAPES
     torch.manual_seed(0)
     with torch.inference_mode():
@@ -120,6 +142,9 @@ def main() -> None:
                     med = time_interleaved(copies, x, args.reps, min(inner, 50))
                     base = med["F.linear"]
                     cells = [f"{med[v]:.1f} ({base / med[v]:.2f})" for v in names]
+                    if args.variants == "one-row":  # bf16 weight bytes per microsecond
+                        cells[1:] = [f"{c} {k * n * 2 / med[v] / 1e3:.1f} GB/s"
+                                     for c, v in zip(cells[1:], names[1:])]  # fmt: skip
                     print(f"| {k}x{n} | {m} | " + " | ".join(cells) + " |", flush=True)
 
 
