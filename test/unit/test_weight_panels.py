@@ -3,13 +3,15 @@ the same results as the per-call panels, built where they are read, refused when
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from sglang.demo_models import demo_target_path
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.layers import cpu_kernels
+from sglang.srt.layers import cpu_kernels, weight_panels
 from sglang.srt.layers.linear import HALF_WEIGHT_MAX_ROWS, LinearBase, linear
 from sglang.srt.layers.weight_panels import panels_of
 from sglang.srt.model_loader.loader import get_model
@@ -28,8 +30,16 @@ def kernels():
     "rows,k,n",
     # M tails, N tails, odd K (a zero-padded pair), two K blocks (K 704), several M blocks
     # (1100 rows at K 200), x packed in tiles (N >= 2048 on AVX2), one column, one row
-    [(32, 256, 512), (13, 95, 7), (300, 64, 33), (1, 1, 1), (1100, 200, 70), (40, 704, 64),
-     (65, 257, 4105), (7, 514, 2048)],
+    [
+        (32, 256, 512),
+        (13, 95, 7),
+        (300, 64, 33),
+        (1, 1, 1),
+        (1100, 200, 70),
+        (40, 704, 64),
+        (65, 257, 4105),
+        (7, 514, 2048),
+    ],
 )
 def test_panels_packed_at_load_give_the_per_call_results(kernels, rows, k, n):
     """Same multiply-adds in the same order: bitwise the per-call panels' output, and
@@ -39,6 +49,7 @@ def test_panels_packed_at_load_give_the_per_call_results(kernels, rows, k, n):
     panels = kernels.pack_weight_panels(w)
     width = kernels.weight_panel_width
     assert panels.shape == ((n + width - 1) // width, (k + 1) // 2, width)
+    assert weight_panels._panel_bytes(w, width) == panels.numel() * panels.element_size()
     for bias in (None, torch.randn(n)):
         per_call, at_load = torch.empty(rows, n), torch.empty(rows, n)
         kernels.linear_packed(per_call, x, w, bias)
@@ -47,12 +58,28 @@ def test_panels_packed_at_load_give_the_per_call_results(kernels, rows, k, n):
         torch.testing.assert_close(at_load, F.linear(x, w.float(), bias), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("rows,k,n", [(32, 256, 512), (13, 95, 7), (300, 64, 33), (40, 704, 70)])
+def test_all_bf16_calls_read_the_same_panels(kernels, rows, k, n):
+    """bf16 x over bf16 W (the bf16 dot product where the build has it, else at::linear):
+    the panels packed at load give bitwise the per-call result."""
+    x = torch.randn(rows, 2 * k)[:, :k].bfloat16()
+    w = (torch.randn(n, k) / 8).bfloat16()
+    panels = kernels.pack_weight_panels(w)
+    for bias in (None, torch.randn(n).bfloat16()):
+        per_call, at_load = torch.empty(rows, n).bfloat16(), torch.empty(rows, n).bfloat16()
+        kernels.linear_packed(per_call, x, w, bias)
+        kernels.linear_packed(at_load, x, w, bias, panels)
+        assert torch.equal(at_load, per_call)
+        want = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+        torch.testing.assert_close(at_load.float(), want, atol=2e-2, rtol=2e-2)
+
+
 def test_wrong_panels_are_refused(kernels):
     x, w = torch.randn(40, 64), torch.randn(48, 64).bfloat16()
     other = kernels.pack_weight_panels(torch.randn(80, 64).bfloat16())
     with pytest.raises(RuntimeError, match="pack_weight_panels"):
         kernels.linear_packed(torch.empty(40, 48), x, w, None, other)
-    with pytest.raises(RuntimeError, match="bfloat16 w under float32"):
+    with pytest.raises(RuntimeError, match="bfloat16 w under float32 or bfloat16 x"):
         half = torch.randn(48, 64).half()
         kernels.linear_packed(torch.empty(40, 48), x, half, None, kernels.pack_weight_panels(w))
     with pytest.raises(RuntimeError, match="bfloat16"):
@@ -89,3 +116,36 @@ def test_loader_packs_the_demo_models_linears_and_lm_head(kernels, monkeypatch):
     monkeypatch.setenv("SGLANG_CPU_WEIGHT_PANELS", "0")
     bare = get_model(config, "cpu")
     assert all(panels_of(m.weight) is None for m in bare.modules() if isinstance(m, LinearBase))
+
+
+def test_bf16_compute_packs_panels_where_the_dot_product_reads_them(kernels, monkeypatch):
+    """The bf16 demo checkpoint run in bf16: panels on every linear weight where the build
+    has the bf16 dot product (linear_packed reads them past the small-M rows), none
+    elsewhere; linear() hands them over, with the per-call result."""
+    config = ModelConfig(str(demo_target_path()), dtype=torch.bfloat16)
+    model = get_model(config, "cpu")
+    linears = [m.weight for m in model.modules() if isinstance(m, LinearBase)]
+    assert all((panels_of(w) is not None) == kernels.bf16_dot for w in linears)
+    if not kernels.bf16_dot:
+        return
+    seen = []
+    real = kernels.linear_packed
+    monkeypatch.setattr(kernels, "linear_packed", lambda *a: seen.append(len(a)) or real(*a))
+    w = linears[0]
+    x = torch.randn(64, w.shape[1]).bfloat16()
+    out = linear(x, w)
+    assert seen == [5]
+    per_call = torch.empty_like(out)
+    real(per_call, x, w, None)
+    assert torch.equal(out, per_call)
+
+
+def test_panels_over_the_memory_budget_are_not_packed(kernels, monkeypatch, caplog):
+    """A second copy of the weights that would take more than a quarter of the available
+    memory is not made: the calls pack per call, with the same results."""
+    config = ModelConfig(str(demo_target_path()), dtype=torch.float32)
+    monkeypatch.setattr(weight_panels, "MAX_AVAILABLE_FRACTION", 1e-9)
+    with caplog.at_level(logging.INFO, logger=weight_panels.__name__):
+        model = get_model(config, "cpu")
+    assert all(panels_of(m.weight) is None for m in model.modules() if isinstance(m, LinearBase))
+    assert "not packed" in caplog.text

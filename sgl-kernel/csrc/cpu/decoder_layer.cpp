@@ -33,7 +33,7 @@ at::Tensor DecoderLayer::linear(const at::Tensor& x, const at::Tensor& w,
   if (half_w || (kHasBf16Dot && x.scalar_type() == at::kBFloat16 &&
                  w.scalar_type() == at::kBFloat16)) {
     at::Tensor out = at::empty({rows, w.size(0)}, x.options());
-    linear_packed(out, x, w, bias, half_w ? panels : std::nullopt);
+    linear_packed(out, x, w, bias, panels);  // both paths read load-time panels
     return out;
   }
   return at::linear(x, w, bias);

@@ -16,7 +16,8 @@ struct DecoderLayerWeights {
   at::Tensor qkv, o, gate_up, down;            // [out, in], the model's dtype or bf16/fp16
   std::optional<at::Tensor> qkv_bias, o_bias;  // [out]
   std::optional<at::Tensor> q_norm, k_norm;    // [D] (Qwen3), else none
-  // pack_weight_panels of qkv, o, gate_up, down (bf16 weights under float32), else none
+  // pack_weight_panels of qkv, o, gate_up, down (bf16 weights under float32, or all bf16
+  // on the bf16 dot-product build), else none
   std::optional<at::Tensor> qkv_panels, o_panels, gate_up_panels, down_panels;
 };
 

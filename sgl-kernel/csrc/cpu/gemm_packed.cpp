@@ -379,8 +379,8 @@ at::Tensor pack_weight_panels(const at::Tensor& w) {
 
 // out [M, N] <- x [M, K] @ w [N, K]^T (+ bias [N]): float32 x, out and bias with w bf16,
 // fp16 or float32; or all bf16 (the bf16 dot product where the build has it, else
-// at::linear). `panels`: w's panels from pack_weight_panels (bf16 w under float32 x), read
-// in place of the per-call packing.
+// at::linear). `panels`: w's panels from pack_weight_panels (a bf16 w under float32 x, or
+// all bf16 on the bf16 dot-product build), read in place of the per-call packing.
 void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& panels) {
   check_rows(x, "x");
@@ -401,8 +401,10 @@ void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   const uint32_t* words = nullptr;
   if (panels.has_value()) {
     const int64_t width = weight_panel_width();
-    TORCH_CHECK(width > 0 && x.scalar_type() == at::kFloat && w.scalar_type() == at::kBFloat16,
-                "panels are for a bfloat16 w under float32 x on the AVX2/AVX-512 build");
+    TORCH_CHECK(width > 0 && (x.scalar_type() == at::kFloat || all_bf16) &&
+                    w.scalar_type() == at::kBFloat16,
+                "panels are for a bfloat16 w under float32 or bfloat16 x on the AVX2/AVX-512 "
+                "build");
     TORCH_CHECK(panels->scalar_type() == at::kInt && panels->is_contiguous() &&
                     panels->dim() == 3 && panels->size(0) == (w.size(0) + width - 1) / width &&
                     panels->size(1) == (w.size(1) + 1) / 2 && panels->size(2) == width,
@@ -411,8 +413,11 @@ void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   }
   if (all_bf16) {
 #if defined(SGL_HAVE_BF16_DOT)
-    linear_packed_bf16_dot(out, x, w, has_bias ? bias->data_ptr<c10::BFloat16>() : nullptr);
-#else
+    TORCH_CHECK(words == nullptr || bf16_dot_panel_width() == weight_panel_width(),
+                "the bf16 dot product's panels are not pack_weight_panels' width");
+    linear_packed_bf16_dot(out, x, w, has_bias ? bias->data_ptr<c10::BFloat16>() : nullptr,
+                           words);
+#else  // at::linear: panels, if any, are not read
     out.copy_(at::linear(x, w, has_bias ? *bias : at::Tensor()));
 #endif
     return;

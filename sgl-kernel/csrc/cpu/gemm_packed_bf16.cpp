@@ -12,7 +12,10 @@
 // 16 x 16 transpose of 32-bit words of W's rows, done in registers. Register tiles of
 // kTileRows rows x kPanel columns then broadcast one pair of x per row against each
 // vector of pairs. Sums are float32 over the whole K (no K blocks: the panel, 64 bytes per
-// K element, stays in L2 up to K = 16384), rounded to bf16 (nearest even) once.
+// K element, stays in L2 up to K = 16384), rounded to bf16 (nearest even) once. The
+// layout is pack_weight_panels' (gemm_packed.cpp) at the same width, so a weight packed
+// once at load (layers/weight_panels.py) is read in place of the per-call panels: the
+// same words, so the same results.
 #include <ATen/ATen.h>
 
 #include <cstring>
@@ -114,13 +117,18 @@ void panel_tile(const c10::BFloat16* x, const uint32_t* panel, c10::BFloat16* ou
   }
 }
 
-// Panels [begin, end) for x rows [m0, m1).
+// Panels [begin, end) for x rows [m0, m1): each packed into `scratch`, or read from
+// `packed` (all of w's panels, packed at load) when given.
 void run_panels(c10::BFloat16* out, const c10::BFloat16* x, const c10::BFloat16* w,
-                const Bf16Call& c, uint32_t* panel, int64_t begin, int64_t end, int64_t m0,
-                int64_t m1) {
+                const Bf16Call& c, uint32_t* scratch, const uint32_t* packed, int64_t begin,
+                int64_t end, int64_t m0, int64_t m1) {
   for (int64_t p = begin; p < end; ++p) {
     const int64_t n0 = p * kPanel, cols = std::min(kPanel, c.n - n0);
-    pack_panel(panel, w, n0, cols, c);
+    const uint32_t* panel = packed + p * c.pairs * kPanel;
+    if (packed == nullptr) {
+      pack_panel(scratch, w, n0, cols, c);
+      panel = scratch;
+    }
     int64_t r = m0;
     for (; r + kTileRows <= m1; r += kTileRows) {
       panel_tile<kTileRows>(x + r * c.x_stride, panel, out + r * c.n, n0, cols, c);
@@ -133,8 +141,10 @@ void run_panels(c10::BFloat16* out, const c10::BFloat16* x, const c10::BFloat16*
 
 }  // namespace
 
+int64_t bf16_dot_panel_width() { return kPanel; }
+
 void linear_packed_bf16_dot(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
-                            const c10::BFloat16* bias) {
+                            const c10::BFloat16* bias, const uint32_t* packed) {
   const int64_t k = x.size(1);
   const Bf16Call c{x.size(0), w.size(0), k, (k + 1) / 2, x.stride(0), bias};
   const int64_t panels = (c.n + kPanel - 1) / kPanel;
@@ -144,9 +154,10 @@ void linear_packed_bf16_dot(at::Tensor& out, const at::Tensor& x, const at::Tens
   const auto* xp = x.data_ptr<c10::BFloat16>();
   const auto* wp = w.data_ptr<c10::BFloat16>();
   sgl_cpu::parallel_for(0, panels, kPanel * c.k * c.m, [&](int64_t begin, int64_t end) {
-    std::vector<uint32_t> panel(c.pairs * kPanel);
+    std::vector<uint32_t> scratch(packed == nullptr ? c.pairs * kPanel : 0);
     for (int64_t m0 = 0; m0 < c.m; m0 += m_block) {
-      run_panels(op, xp, wp, c, panel.data(), begin, end, m0, std::min(c.m, m0 + m_block));
+      run_panels(op, xp, wp, c, scratch.data(), packed, begin, end, m0,
+                 std::min(c.m, m0 + m_block));
     }
   });
 }

@@ -67,8 +67,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """(our kernel for this call or None, whether it is linear_packed over a half weight
-    under float32, which reads the weight's load-time panels): linear_small_m for the rows `small_m_rows`
+    """(our kernel for this call or None, whether it is linear_packed, which reads the
+    weight's load-time panels where it has them): linear_small_m for the rows `small_m_rows`
     gives it; past them, linear_packed for bf16 x over bf16 weights where the kernels have
     the AVX-512 bf16 dot product, and for a half weight under float32 (it widens a panel
     at a time instead of F.linear's whole-weight copy per call), except past
@@ -83,8 +83,8 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if small_m_rows(x.shape[0], x.shape[1], half_under_float):
         return kernels.linear_small_m, False
     if kernels.bf16_dot and x.dtype == weight.dtype == torch.bfloat16:
-        # bf16 dot products: 1.1-3x oneDNN's bf16 at 16-256 rows
-        return kernels.linear_packed, False
+        # bf16 dot products: 1.1-3x oneDNN's bf16 at 16-256 rows; reads load-time panels
+        return kernels.linear_packed, True
     if not half_under_float:
         return None, False
     if kernels.vector_isa == "avx512" and x.shape[0] > PACKED_MAX_ROWS_AVX512:

@@ -82,8 +82,7 @@ def get_model(
             model.load_weights(weight_iterator(path, load_format))
     if torch.device(device).type == "cpu":
         cpu_kernels.load()  # built (or loaded from the cache) at start-up, not mid-request
-        if weight_dtype is not None:
-            weight_panels.attach(model, model_config.dtype)
+        weight_panels.attach(model, model_config.dtype)  # packs only where they are read
     return model
 
 
