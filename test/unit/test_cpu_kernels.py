@@ -273,18 +273,8 @@ def test_extend_lens_must_cover_q_rows(kernels):
 # -- long extends (prefill chunks, prompts over a cached prefix): the tiled path ----------
 
 
-def _extend_case(
-    prefix,
-    ext,
-    hq,
-    hkv,
-    d,
-    page_size,
-    gen,
-    pool_dtype=torch.float32,
-    q_dtype=torch.float32,
-    scale=1.0,
-):
+def _extend_case(prefix, ext, hq, hkv, d, page_size, gen, pool_dtype=torch.float32,
+                 q_dtype=torch.float32, scale=1.0):
     """A batch of new tokens over cached prefixes: (args of paged_attention with out, the
     reference inputs, the q rows' k and v). The new K/V are written by the call."""
     lens = [p + e for p, e in zip(prefix, ext)]
@@ -412,7 +402,6 @@ def test_extend_tiled_reports_where_the_tiled_path_serves(kernels):
 def test_backend_routes_long_extends_to_the_tiled_kernel(native_kernels):
     """A prefill of 40 tokens takes the kernel (and the fused layers) where the build tiles
     it; a head_dim the tiled path lacks, or the kernels disabled, keep SDPA."""
-
     def fb(head_dim, ext):
         mode = SimpleNamespace(is_decode=lambda: False)
         pool = SimpleNamespace(dtype=torch.float32, head_dim=head_dim)
@@ -636,17 +625,8 @@ def test_greedy_sampling_takes_the_kernel_on_strided_logits(native_kernels):
     # every x-row remainder of the 6-row tile (1-13 rows), an N tail past the 4-row weight
     # blocks (N % 4), a K tail past the 16-lane vectors (K % 16), K below one vector; one
     # row over long K (the bf16 GEMV's 8-row passes) with N and K tails past them
-    [
-        (1, 256, 512),
-        (2, 96, 36),
-        (5, 64, 7),
-        (6, 48, 8),
-        (7, 100, 33),
-        (13, 1030, 70),
-        (3, 9, 5),
-        (1, 1024, 64),
-        (1, 1030, 75),
-    ],
+    [(1, 256, 512), (2, 96, 36), (5, 64, 7), (6, 48, 8), (7, 100, 33), (13, 1030, 70), (3, 9, 5),
+     (1, 1024, 64), (1, 1030, 75)],
 )
 def test_linear_small_m_matches_torch(kernels, dtype, rows, k, n):
     x, w = torch.randn(rows, k, dtype=dtype), torch.randn(n, k, dtype=dtype) / k**0.5
@@ -724,16 +704,12 @@ def test_linear_small_m_refuses_mismatched_arguments(kernels):
 def test_linear_layers_route_decode_rows_to_the_kernel(native_kernels, monkeypatch):
     calls = []
     real = native_kernels.linear_small_m
-    monkeypatch.setattr(
-        native_kernels, "linear_small_m", lambda *a: calls.append(a[1].shape) or real(*a)
-    )
+    monkeypatch.setattr(native_kernels, "linear_small_m", lambda *a: calls.append(a[1].shape) or real(*a))
     layer = ColumnParallelLinear(256, 64, bias=True)
     layer.weight.data, layer.bias.data = torch.randn(64, 256) / 16, torch.randn(64)
     for rows in (1, 16, 17, 300):  # 17 rows of a 256-wide input: F.linear is faster
         x = torch.randn(rows, 256)
-        torch.testing.assert_close(
-            layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-4, rtol=1e-4
-        )
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-4, rtol=1e-4)
     assert calls == [(1, 256), (16, 256)]
     wide, w = torch.randn(40, LONG_K), torch.randn(8, LONG_K) / 32
     torch.testing.assert_close(linear(wide, w), F.linear(wide, w), atol=1e-4, rtol=1e-4)
@@ -743,17 +719,13 @@ def test_linear_layers_route_decode_rows_to_the_kernel(native_kernels, monkeypat
     assert len(calls) == 3
 
 
-def test_half_weights_under_float32_take_the_kernel_up_to_their_row_limit(
-    native_kernels, monkeypatch
-):
+def test_half_weights_under_float32_take_the_kernel_up_to_their_row_limit(native_kernels, monkeypatch):
     """A bf16 weight under float32 x would be widened whole for F.linear on every call,
     so the kernel (which widens rows as it loads them) serves it up to
     HALF_WEIGHT_MAX_ROWS rows even on a narrow input; past that F.linear does."""
     calls = []
     real = native_kernels.linear_small_m
-    monkeypatch.setattr(
-        native_kernels, "linear_small_m", lambda *a: calls.append(a[1].shape[0]) or real(*a)
-    )
+    monkeypatch.setattr(native_kernels, "linear_small_m", lambda *a: calls.append(a[1].shape[0]) or real(*a))
     w = (torch.randn(48, 256) / 16).bfloat16()
     for rows in (SMALL_M_MAX_ROWS + 1, HALF_WEIGHT_MAX_ROWS, HALF_WEIGHT_MAX_ROWS + 1):
         x = torch.randn(rows, 256)
@@ -769,16 +741,8 @@ def test_half_weights_under_float32_take_the_kernel_up_to_their_row_limit(
     "rows,k,n",
     # the last two have enough panels (N >= 2048 on AVX2, 4096 on AVX-512) for x packed in
     # tiles: M tails, N tails, two K blocks, several M blocks
-    [
-        (65, 256, 40),
-        (13, 96, 7),
-        (300, 64, 33),
-        (1, 8, 1),
-        (1100, 200, 70),
-        (40, 704, 64),
-        (301, 264, 4105),
-        (1100, 200, 4096),
-    ],
+    [(65, 256, 40), (13, 96, 7), (300, 64, 33), (1, 8, 1), (1100, 200, 70), (40, 704, 64),
+     (301, 264, 4105), (1100, 200, 4096)],
 )
 def test_linear_packed_matches_torch(kernels, w_dtype, rows, k, n):
     """Panels of 2 vectors of columns (N tails zero-padded), tiles of rows (M tails),
@@ -807,15 +771,8 @@ def test_linear_packed_with_no_input_columns_gives_the_bias(kernels):
     "rows,k,n",
     # a 12-row tile and M tails, N tails (n % 32), K tails (odd K: a zero-padded pair; pairs
     # past the 16-pair transposed blocks), several M blocks of x (1100 rows at K = 200)
-    [
-        (40, 256, 64),
-        (13, 96, 7),
-        (300, 64, 33),
-        (1, 8, 1),
-        (1100, 200, 70),
-        (25, 71, 40),
-        (17, 704, 256),
-    ],
+    [(40, 256, 64), (13, 96, 7), (300, 64, 33), (1, 8, 1), (1100, 200, 70), (25, 71, 40),
+     (17, 704, 256)],
 )
 def test_linear_packed_all_bf16_matches_torch(kernels, rows, k, n):
     """bf16 x over bf16 w: the bf16 dot product (float32 sums rounded once to bf16) where
@@ -834,9 +791,7 @@ def test_all_bf16_linears_past_the_small_m_rows_take_the_packed_kernel(native_ke
     linear_packed (1.1-3x oneDNN's bf16 GEMM at 16-256 rows); without it, F.linear."""
     calls = []
     real = native_kernels.linear_packed
-    monkeypatch.setattr(
-        native_kernels, "linear_packed", lambda *a: calls.append(a[1].shape[0]) or real(*a)
-    )
+    monkeypatch.setattr(native_kernels, "linear_packed", lambda *a: calls.append(a[1].shape[0]) or real(*a))
     w, b = (torch.randn(40, 128) / 8).bfloat16(), torch.randn(40).bfloat16()
     for rows in (SMALL_M_MAX_ROWS + 1, 300):
         x = torch.randn(rows, 128).bfloat16()
@@ -862,9 +817,7 @@ def test_half_weights_past_the_small_m_rows_take_the_packed_kernel(native_kernel
     by linear_packed, not whole by F.linear; a float32 weight keeps F.linear."""
     calls = []
     real = native_kernels.linear_packed
-    monkeypatch.setattr(
-        native_kernels, "linear_packed", lambda *a: calls.append(a[1].shape[0]) or real(*a)
-    )
+    monkeypatch.setattr(native_kernels, "linear_packed", lambda *a: calls.append(a[1].shape[0]) or real(*a))
     w, b = (torch.randn(24, 128) / 8).bfloat16(), torch.randn(24)
     x = torch.randn(HALF_WEIGHT_MAX_ROWS + 3, 128)
     torch.testing.assert_close(linear(x, w, b), F.linear(x, w.float(), b), atol=1e-4, rtol=1e-4)
@@ -915,6 +868,8 @@ def test_native_build_takes_the_bf16_dot_product_where_the_cpu_has_it(native_ker
     rule keeps bf16 on AMD ones); the portable build and other CPUs widen to float32."""
     flags = set(resolvers.cpuinfo_fields().get("flags", "").split())
     assert native_kernels.bf16_dot == ("avx512f" in flags and "avx512_bf16" in flags)
+
+
 
 
 def test_bf16_stores_round_as_torch_does(kernels):

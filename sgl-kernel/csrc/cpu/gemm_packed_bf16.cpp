@@ -124,10 +124,11 @@ void run_panels(c10::BFloat16* out, const c10::BFloat16* x, const c10::BFloat16*
                 int64_t end, int64_t m0, int64_t m1) {
   for (int64_t p = begin; p < end; ++p) {
     const int64_t n0 = p * kPanel, cols = std::min(kPanel, c.n - n0);
-    const uint32_t* panel = packed + p * c.pairs * kPanel;
-    if (packed == nullptr) {
+    const uint32_t* panel = scratch;
+    if (packed != nullptr) {
+      panel = packed + p * c.pairs * kPanel;
+    } else {
       pack_panel(scratch, w, n0, cols, c);
-      panel = scratch;
     }
     int64_t r = m0;
     for (; r + kTileRows <= m1; r += kTileRows) {
