@@ -72,7 +72,7 @@ def engine_round(engine, batch_size: int, output_len: int, constrained: bool) ->
 
 
 def mask_ms(backend: XGrammarBackend, tokenizer, batch_size: int, iters: int = 300) -> float:
-    manager = GrammarManager(backend, timeout_s=60)
+    manager = GrammarManager(lambda: backend, timeout_s=60)
     compiled = backend.compile(GrammarKey("json_schema", json.dumps(LONG_TEXT_SCHEMA)))
     reqs = []
     for i in range(batch_size):

@@ -49,3 +49,19 @@ def test_server_still_generates_text(server):
     out = requests.post(server.base_url + "/generate", json=body, timeout=60).json()
     assert out["meta_info"]["completion_tokens"] == 4 and out["text"]
     assert not maps_libtorch(server.proc.pid)
+
+
+def maps_xgrammar(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as maps:
+        return "libxgrammar" in maps.read()
+
+
+def test_xgrammar_loads_with_the_first_constrained_request(server):
+    """The grammar backend (~30 MiB resident) is built by the first constraint, in the
+    scheduler that compiles it, not at start-up."""
+    pids = [server.proc.pid] + [c.pid for c in spawned_children(server.proc.pid)]
+    assert not any(maps_xgrammar(pid) for pid in pids)
+    body = {"text": "Hello", "sampling_params": {"regex": "(yes|no)", "temperature": 0.0}}
+    out = requests.post(server.base_url + "/generate", json=body, timeout=60).json()
+    assert out["text"] in ("yes", "no")
+    assert [maps_xgrammar(pid) for pid in pids].count(True) == 1

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from sglang.srt.constrained.backends import GrammarBackendUnavailable
 from sglang.srt.constrained.base import (
     ANY_JSON_OBJECT,
     GrammarBackend,
@@ -23,9 +24,13 @@ from sglang.srt.constrained.base import (
 from sglang.srt.constrained.grammar_manager import GrammarManager
 from sglang.srt.constrained.xgrammar_backend import MAX_JSON_WHITESPACE, XGrammarBackend
 from sglang.srt.layers.sampler import Sampler
+from sglang.srt.managers.scheduler_parts import grammar as grammar_part
+from sglang.srt.managers.scheduler_parts.grammar import SchedulerGrammarMixin
+from sglang.srt.runtime_context import get_exec, publish
 from sglang.srt.sampling.param_types import InvalidParamError
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
 from sglang.test.corpus import EOS_TOKEN
 from sglang.test.make_tiny_model import VOCAB_SIZE, cached_tokenizer
 
@@ -184,7 +189,7 @@ def drain(manager: GrammarManager, timeout_s: float = 10.0):
 
 def test_manager_compiles_once_per_constraint_and_reports_errors(backend):
     counting = CountingBackend(backend)
-    manager = GrammarManager(counting, timeout_s=30)
+    manager = GrammarManager(lambda: counting, timeout_s=30)
     reqs = [req(f"r{i}", regex="[a-c]{2}") for i in range(4)] + [req("bad", regex="(")]
     for r in reqs:
         manager.submit(r, key_of(r.sampling_params))
@@ -200,7 +205,7 @@ def test_manager_compiles_once_per_constraint_and_reports_errors(backend):
 def test_manager_times_out_and_aborts(backend):
     counting = CountingBackend(backend)
     counting.release.clear()  # the compile hangs
-    manager = GrammarManager(counting, timeout_s=0.2)
+    manager = GrammarManager(lambda: counting, timeout_s=0.2)
     slow, gone = req("slow", regex="x+"), req("gone", regex="y+")
     manager.submit(slow, key_of(slow.sampling_params))
     manager.submit(gone, key_of(gone.sampling_params))
@@ -212,8 +217,73 @@ def test_manager_times_out_and_aborts(backend):
     manager.shutdown()
 
 
+def test_manager_builds_its_backend_once_on_the_first_constraint(backend):
+    """No constraint, no backend: a server that never sees one never imports xgrammar."""
+    built = []
+    manager = GrammarManager(lambda: built.append(1) or backend, timeout_s=30)
+    assert built == [] and manager.mask_for([req("free")]) is None
+    reqs = [req("a", regex="[a-c]{2}"), req("b", regex="x+"), req("c", regex="[a-c]{2}")]
+    for r in reqs:
+        manager.submit(r, key_of(r.sampling_params))
+    ready, failed = drain(manager)
+    assert sorted(r.rid for r in ready) == ["a", "b", "c"] and failed == []
+    assert built == [1] and manager.backend is backend
+    manager.shutdown()
+
+
+def test_a_backend_that_cannot_be_built_fails_every_waiting_request():
+    def unbuildable():
+        raise GrammarBackendUnavailable("RuntimeError: vocabulary unreadable")
+
+    manager = GrammarManager(unbuildable, timeout_s=30)
+    reqs = [req("a", regex="x+"), req("b", json_schema=json.dumps(SCHEMA))]
+    for r in reqs:
+        manager.submit(r, key_of(r.sampling_params))
+    ready, failed = drain(manager)
+    assert ready == [] and sorted(r.rid for r, _ in failed) == ["a", "b"]
+    assert all(isinstance(e, GrammarBackendUnavailable) for _, e in failed)
+    assert "vocabulary unreadable" in str(manager.backend_error)
+    manager.shutdown()
+
+
+class GrammarOnlyScheduler(SchedulerGrammarMixin):
+    """The scheduler's grammar part alone, over a real tokenizer."""
+
+    def __init__(self, tokenizer) -> None:
+        self.waiting_queue, self.pending_outputs = [], []
+        self.tokenizer, self.vocab_size = tokenizer, MODEL_VOCAB
+        self.eos_token_ids = {tokenizer.convert_tokens_to_ids(EOS_TOKEN)}
+        self._init_grammar("xgrammar", any_whitespace=False, blocking=True)
+
+
+def test_scheduler_falls_back_when_the_first_constraint_cannot_build_the_backend(
+    clean_context, tokenizer, monkeypatch
+):
+    """A backend that passed the start-up check but fails to build on first use: that
+    request and later ones get a 400 saying why, the readback says "none"."""
+    publish(ServerArgs(model_path="org/model", device="cpu"), role="test")
+
+    def unbuildable(*args):
+        raise GrammarBackendUnavailable("RuntimeError: vocabulary unreadable")
+
+    monkeypatch.setattr(grammar_part, "create_grammar_backend", unbuildable)
+    sched = GrammarOnlyScheduler(tokenizer)
+    assert sched.grammar_manager is not None  # checked, not built
+    first, later, free = req("first", regex="x+"), req("later", regex="y+"), req("free")
+    assert sched.submit_if_constrained(first) and not sched.submit_if_constrained(free)
+    sched.admit_compiled_grammars(block_s=5.0)
+    assert sched.grammar_manager is None and sched.waiting_queue == []
+    assert sched.submit_if_constrained(later)
+    assert [r.rid for r in sched.pending_outputs] == ["first", "later"]
+    for r in sched.pending_outputs:
+        reason = r.finished_reason
+        assert reason["status_code"] == 400 and reason["param"] == "sampling_params.regex"
+        assert "xgrammar is unavailable (RuntimeError: vocabulary unreadable)" in reason["message"]
+    assert get_exec().features.grammar_backend == "none"
+
+
 def test_mask_covers_constrained_rows_only_in_the_sampler(backend, tokenizer):
-    manager = GrammarManager(backend, timeout_s=30)
+    manager = GrammarManager(lambda: backend, timeout_s=30)
     free, fixed = req("free"), req("fixed", regex="hello")
     manager.submit(fixed, key_of(fixed.sampling_params))
     drain(manager)

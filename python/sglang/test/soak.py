@@ -401,7 +401,7 @@ async def run_one(driver: Driver, kind: str) -> None:
     except asyncio.TimeoutError:
         status, problem = "timeout", "no answer within the request timeout"
     except httpx.HTTPError as exc:
-        status, problem = "transport", f"{type(exc).__name__} {exc}".strip()
+        status, problem = "transport", transport_problem(exc)
     answer = str(status)
     result.answers[answer] += 1
     result.kind_status[kind, answer] += 1
@@ -472,6 +472,19 @@ async def run_soak_async(config: SoakConfig) -> SoakResult:
 
 def run_soak(config: SoakConfig) -> SoakResult:
     return asyncio.run(run_soak_async(config))
+
+
+def transport_problem(exc: BaseException) -> str:
+    """The transport error and the chain under it, e.g. `ReadError <- BrokenResourceError
+    <- ConnectionResetError [Errno 104] Connection reset by peer`: httpcore maps both a
+    peer's reset and a stream closed on this side to a bare ReadError."""
+    links = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen and len(links) < 5:
+        seen.add(id(exc))
+        links.append(f"{type(exc).__name__} {exc}".strip())
+        exc = exc.__cause__ or exc.__context__
+    return " <- ".join(links)
 
 
 def judge(result: SoakResult, rss_tolerance: float, tolerated_resets: int = 0) -> list[str]:

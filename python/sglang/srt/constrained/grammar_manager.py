@@ -5,20 +5,27 @@ compile runs on one worker thread (xgrammar releases the GIL while it works),
 results are kept in an LRU cache keyed by the constraint, and the request waits
 in the manager's queue until `pop_ready` hands it back with its matcher, or with
 its error. Unconstrained requests never pass through here.
+
+The backend itself is built by the first compile, on the worker thread: a server
+that never sees a constraint never imports xgrammar (about 30 MiB of RSS per
+scheduler), and the first constrained request waits for the tokenizer's
+vocabulary to be read once.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from sglang.srt.constrained.backends import GrammarBackendUnavailable
 from sglang.srt.constrained.base import GrammarBackend, GrammarKey, InvalidGrammarError
 
 logger = logging.getLogger(__name__)
@@ -47,10 +54,22 @@ class _Pending:
 
 
 class GrammarManager:
-    def __init__(self, backend: GrammarBackend, timeout_s: float, blocking: bool = False):
-        """`blocking`: wait for each compile in submit order (TP ranks must admit the
-        same requests at the same step, so they cannot race their compiles)."""
-        self.backend = backend
+    def __init__(
+        self,
+        make_backend: Callable[[], GrammarBackend],
+        timeout_s: float,
+        blocking: bool = False,
+    ):
+        """`make_backend` builds the backend (raising GrammarBackendUnavailable); it runs
+        once, normally on the compile thread. `blocking`: wait for each compile in submit order (TP
+        ranks must admit the same requests at the same step, so they cannot race their
+        compiles)."""
+        self._make_backend = make_backend
+        self._backend: GrammarBackend | None = None
+        self._build_lock = threading.Lock()
+        # Set (on the compile thread) when the backend could not be built; every
+        # compile after it fails with this error.
+        self.backend_error: GrammarBackendUnavailable | None = None
         self.timeout_s = timeout_s
         self.blocking = blocking
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
@@ -61,6 +80,11 @@ class GrammarManager:
 
     def __len__(self) -> int:
         return len(self.queue)
+
+    @property
+    def backend(self) -> GrammarBackend:
+        """The backend (built already once any grammar has compiled)."""
+        return self._built_backend()
 
     # ------------------------------------------------------------------ compile
 
@@ -79,10 +103,26 @@ class GrammarManager:
             self._cache.popitem(last=False)
         return future
 
+    def _built_backend(self) -> GrammarBackend:
+        """The backend, built on first use (normally by the first compile)."""
+        with self._build_lock:
+            if self.backend_error is not None:
+                raise GrammarBackendUnavailable(str(self.backend_error))
+            if self._backend is None:
+                start = time.perf_counter()
+                try:
+                    self._backend = self._make_backend()
+                except GrammarBackendUnavailable as exc:
+                    self.backend_error = exc
+                    raise
+                logger.info("grammar backend ready in %.2f s", time.perf_counter() - start)
+            return self._backend
+
     def _compile(self, key: GrammarKey) -> Any:
+        backend = self._built_backend()
         start = time.perf_counter()
         try:
-            return self.backend.compile(key)
+            return backend.compile(key)
         finally:
             elapsed = time.perf_counter() - start
             self.num_compiles += 1
@@ -119,6 +159,12 @@ class GrammarManager:
             ready.append(pending.req)
         self.queue = still
         return ready, failed
+
+    def drain(self) -> list[Any]:
+        """Take every waiting request out (the backend is gone); returns them."""
+        reqs = [pending.req for pending in self.queue]
+        self.queue = []
+        return reqs
 
     def remove(self, rid: str) -> Any | None:
         """Take a waiting request out (abort); returns it, or None."""

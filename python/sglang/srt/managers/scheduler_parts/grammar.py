@@ -9,10 +9,15 @@ matcher; a matcher that reaches its end finishes the request.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sglang.srt.constrained.backends import GrammarBackendUnavailable, create_grammar_backend
+from sglang.srt.constrained.backends import (
+    GrammarBackendUnavailable,
+    check_grammar_backend,
+    create_grammar_backend,
+)
 from sglang.srt.constrained.base import InvalidGrammarError, key_of
 from sglang.srt.constrained.grammar_manager import GrammarManager, GrammarMask
 from sglang.srt.environ import envs
@@ -34,26 +39,36 @@ class SchedulerGrammarMixin:
     eos_token_ids: set[int]
 
     def _init_grammar(self, backend_name: str, any_whitespace: bool, blocking: bool) -> None:
-        """Build the backend; if it cannot load, record the fallback to "none"."""
+        """Check the backend can run (it is built by the first constrained request); if it
+        cannot, record the fallback to "none"."""
         self.grammar_manager: GrammarManager | None = None
+        self.grammar_backend_name = backend_name
         self.grammar_unavailable = "the server runs with --grammar-backend none"
         if backend_name == "none":
             return
         try:
-            backend = create_grammar_backend(
-                backend_name,
-                self.tokenizer,
-                self.vocab_size,
-                sorted(self.eos_token_ids),
-                any_whitespace,
-            )
+            check_grammar_backend(backend_name, self.tokenizer)
         except GrammarBackendUnavailable as exc:
-            logger.warning("grammar backend %s unavailable, running without: %s", backend_name, exc)
-            get_context().override("grammar_fallback", grammar_backend="none")
-            self.grammar_unavailable = f"grammar backend {backend_name} is unavailable ({exc})"
+            self._fall_back_from_grammar(exc)
             return
+        make_backend = functools.partial(
+            create_grammar_backend,
+            backend_name,
+            self.tokenizer,
+            self.vocab_size,
+            sorted(self.eos_token_ids),
+            any_whitespace,
+        )
         timeout_s = envs.SGLANG_GRAMMAR_TIMEOUT.get()
-        self.grammar_manager = GrammarManager(backend, timeout_s, blocking=blocking)
+        self.grammar_manager = GrammarManager(make_backend, timeout_s, blocking=blocking)
+
+    def _fall_back_from_grammar(self, exc: GrammarBackendUnavailable) -> None:
+        """Run without a grammar backend from now on; the readback shows "none"."""
+        name = self.grammar_backend_name
+        logger.warning("grammar backend %s unavailable, running without: %s", name, exc)
+        get_context().override("grammar_fallback", grammar_backend="none")
+        self.grammar_unavailable = f"grammar backend {name} is unavailable ({exc})"
+        self.grammar_manager = None
 
     def submit_if_constrained(self, req: Req) -> bool:
         """True if `req` carries a constraint (it now waits for its grammar, or failed)."""
@@ -61,14 +76,15 @@ class SchedulerGrammarMixin:
         if key is None:
             return False
         if self.grammar_manager is None:
-            message = (
-                f"constrained decoding ({key.kind}) is not available: {self.grammar_unavailable}"
-            )
-            req.finished_reason = invalid_request_reason(message, grammar_param(key.kind))
-            self.pending_outputs.append(req)
+            self._refuse_constrained(req, key.kind)
         else:
             self.grammar_manager.submit(req, key)
         return True
+
+    def _refuse_constrained(self, req: Req, kind: str) -> None:
+        message = f"constrained decoding ({kind}) is not available: {self.grammar_unavailable}"
+        req.finished_reason = invalid_request_reason(message, grammar_param(kind))
+        self.pending_outputs.append(req)
 
     def num_grammar_waiting(self) -> int:
         return len(self.grammar_manager) if self.grammar_manager is not None else 0
@@ -83,14 +99,24 @@ class SchedulerGrammarMixin:
             manager.wait(block_s)
         ready, failed = manager.pop_ready()
         self.waiting_queue.extend(ready)
+        if manager.backend_error is not None:  # the first constrained request built it
+            self._fall_back_from_grammar(manager.backend_error)
+            failed += [(req, manager.backend_error) for req in manager.drain()]
+            manager.shutdown()
         for req, error in failed:
-            param = error.param if isinstance(error, InvalidGrammarError) else None
-            if param is None:
-                logger.error("request %s: grammar compile failed: %r", req.rid, error)
-                req.finished_reason = internal_error_reason(error)
-            else:
-                req.finished_reason = invalid_request_reason(str(error), grammar_param(param))
-            self.pending_outputs.append(req)
+            self._fail_grammar(req, error)
+
+    def _fail_grammar(self, req: Req, error: Exception) -> None:
+        if isinstance(error, GrammarBackendUnavailable):
+            self._refuse_constrained(req, key_of(req.sampling_params).kind)
+            return
+        param = error.param if isinstance(error, InvalidGrammarError) else None
+        if param is None:
+            logger.error("request %s: grammar compile failed: %r", req.rid, error)
+            req.finished_reason = internal_error_reason(error)
+        else:
+            req.finished_reason = invalid_request_reason(str(error), grammar_param(param))
+        self.pending_outputs.append(req)
 
     def remove_grammar_waiting(self, rid: str) -> Req | None:
         return self.grammar_manager.remove(rid) if self.grammar_manager is not None else None
