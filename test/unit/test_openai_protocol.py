@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 from openai_fake_tm import FakeTokenizer, FakeTokenizerManager
 from pydantic import ValidationError
 
-from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
+from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected, to_api_error
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from sglang.srt.entrypoints.openai.sampling import for_choice, sampling_params
 from sglang.srt.entrypoints.openai.serving_base import ChoiceStream, choice_rids
@@ -157,3 +159,43 @@ def test_fanout_finished_choices_not_aborted():
 
     outputs = asyncio.run(run())
     assert [len(o["output_ids"]) for o in outputs] == [3, 3] and not tm.aborted
+
+
+class _StayingRequest:
+    """An ASGI request whose client stays until the answer is done."""
+
+    async def receive(self) -> dict:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+
+@pytest.mark.parametrize("max_tokens", [3, -1], ids=["finished", "rejected"])
+def test_fanout_freed_without_the_cycle_collector(max_tokens):
+    # A served request's objects must go when it ends: each one left in a reference
+    # cycle waits for a full collection, which stops the launcher for ~100 ms under load.
+    tm = FakeTokenizerManager()
+    fanouts: list[weakref.ref] = []
+    answers: list[str] = []
+
+    async def serve() -> None:
+        fanout = ChoiceFanout(tm, _objs(2, max_new_tokens=max_tokens), request=_StayingRequest())
+        fanouts.append(weakref.ref(fanout))
+        try:
+            async with fanout:
+                await fanout.collect()
+            answers.append("ok")
+        except Exception as exc:  # the route answers with the mapped error only
+            answers.append(to_api_error(exc).message)
+
+    async def run() -> None:
+        await serve()
+        await asyncio.sleep(0)  # the cancelled helper tasks finish
+
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(run())
+        assert fanouts[0]() is None
+    finally:
+        gc.enable()
+    assert answers == ["ok"] if max_tokens > 0 else "max_new_tokens" in answers[0], answers

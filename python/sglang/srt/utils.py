@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -12,6 +13,21 @@ import traceback
 import psutil
 
 logger = logging.getLogger(__name__)
+
+
+def freeze_startup_heap(role: str) -> None:
+    """Collect once, then move every object alive now (modules, the model, the app) into
+    the cyclic collector's permanent generation, which it never walks. Unfrozen, each
+    full collection while serving walks all of them with the process stopped: ~220,000
+    objects in a scheduler, 50-110 ms a pass on the demo model (2 cores). Objects freed by
+    reference counting are freed as before; only garbage cycles among the frozen ones
+    would stay, and the collection just before leaves none. Our processes only: an
+    Engine lives in its caller's interpreter, whose heap is the caller's."""
+    start = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    logger.debug("%s: %d objects frozen out of the collector's walks in %.0f ms", role,
+                 gc.get_freeze_count(), (time.perf_counter() - start) * 1e3)  # fmt: skip
 
 
 def kill_process_tree(pid: int, include_parent: bool = True, timeout_s: float = 5.0) -> None:

@@ -47,6 +47,7 @@ from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
 from sglang.srt.observability.metrics import ServerMetrics
 from sglang.srt.parser.chat_template import load_chat_template
+from sglang.srt.utils import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 
@@ -409,6 +410,7 @@ async def _warmup(server: _Server) -> None:
             _fail(server, "warmup failed")
             return
     if state.status is ServerStatus.STARTING:
+        freeze_startup_heap("launcher")
         state.status = ServerStatus.READY
         logger.info("The server is fired up and ready to roll! URL: %s", _server_url())
 

@@ -15,6 +15,7 @@ from sglang.srt.managers.io_struct import ChildFailed, ChildReady
 from sglang.srt.utils import (
     configure_child_logging,
     format_exception_text,
+    freeze_startup_heap,
     start_parent_watcher,
 )
 
@@ -41,6 +42,7 @@ def run_child(role: str, server_args: Any, ready_writer: Any, build: BuildFn) ->
         os._exit(1)
     ready_writer.send(ChildReady(role=role, pid=os.getpid(), info=info))
     ready_writer.close()
+    freeze_startup_heap(role)
     try:
         loop()
     except BaseException:
