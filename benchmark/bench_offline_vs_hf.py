@@ -5,7 +5,10 @@
 
 Prompts are random token ids (seeded, all the same length, so HF needs no
 padding). Both sides are greedy and generate exactly --output-len tokens
-(ignore_eos / min_new_tokens). Prints output tokens/s for each and the ratio.
+(ignore_eos / min_new_tokens). Prints output tokens/s for each and the ratio, and
+the matmul floor: the time the run's linear layers alone take at the GEMM speed of
+`F.linear` on 256 rows (each weight shape timed on this machine, HF's dtype), and the
+fraction of it our run reaches (floor time / our time; the issue's target is >= 0.5).
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ def run_hf(args: argparse.Namespace, prompts: list[list[int]]) -> dict:
                pad_token_id=0)
     bs = args.hf_batch_size
     with torch.inference_mode():
-        model.generate(torch.tensor(prompts[:2]), **{**gen, "max_new_tokens": 4,
-                                                    "min_new_tokens": 4})  # warm-up
+        warm = torch.tensor(prompts[:2])
+        model.generate(warm, attention_mask=torch.ones_like(warm),
+                       **{**gen, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
         start = time.perf_counter()
         num_out = 0
         for i in range(0, len(prompts), bs):
@@ -66,7 +70,35 @@ def run_hf(args: argparse.Namespace, prompts: list[list[int]]) -> dict:
             num_out += (out.shape[1] - batch.shape[1]) * batch.shape[0]
         elapsed = time.perf_counter() - start
     return {"elapsed_s": round(elapsed, 3), "output_tokens": num_out,
-            "output_token_throughput": round(num_out / elapsed, 1)}
+            "output_token_throughput": round(num_out / elapsed, 1),
+            "matmul_floor": matmul_floor(model, args)}
+
+
+def matmul_floor(model, args: argparse.Namespace, rows: int = 256, calls: int = 20) -> dict:
+    """Seconds the run's linears take at `F.linear`'s speed on `rows` rows. Every layer
+    linear runs on every prompt and fed-back token; the lm_head on each sampled one."""
+    import torch
+
+    head = model.get_output_embeddings()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    tokens = args.num_prompts * (args.input_len + args.output_len - 1)
+    sampled = args.num_prompts * args.output_len
+    flop = 2 * (tokens * sum(m.weight.numel() for m in linears) + sampled * head.weight.numel())
+    seconds_per_flop = {}
+    with torch.inference_mode():
+        for weight in {tuple(m.weight.shape): m.weight for m in [*linears, head]}.values():
+            x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+            torch.nn.functional.linear(x, weight)  # warm-up
+            start = time.perf_counter()
+            for _ in range(calls):
+                torch.nn.functional.linear(x, weight)
+            seconds = (time.perf_counter() - start) / calls
+            seconds_per_flop[tuple(weight.shape)] = seconds / (2 * rows * weight.numel())
+    floor_s = 2 * sampled * head.weight.numel() * seconds_per_flop[tuple(head.weight.shape)]
+    floor_s += sum(2 * tokens * m.weight.numel() * seconds_per_flop[tuple(m.weight.shape)]
+                   for m in linears)  # fmt: skip
+    return {"floor_s": round(floor_s, 3), "gflop": round(flop / 1e9, 1),
+            "gflop_per_s": round(flop / floor_s / 1e9, 1)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -80,6 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
     ours = run_ours(args, prompts)
     hf = run_hf(args, hf_prompts)
     ratio = ours["output_token_throughput"] / hf["output_token_throughput"]
+    floor = hf["matmul_floor"]
+    floor["fraction_of_ours"] = round(floor["floor_s"] / ours["elapsed_s"], 2)
     report = {"ours": ours, "hf": hf, "ratio": round(ratio, 2),
               "config": {k: v for k, v in vars(args).items()}}
     sys.stdout.write(
@@ -87,6 +121,9 @@ def main(argv: list[str] | None = None) -> dict:
         f"HF generate (batch {args.hf_batch_size}): {hf['output_token_throughput']} out tok/s "
         f"({len(hf_prompts)} prompts)\n"
         f"ratio ours/HF: {ratio:.2f}\n"
+        f"matmul floor: {floor['floor_s']} s ({floor['gflop']} GFLOP at F.linear's "
+        f"{floor['gflop_per_s']} GFLOP/s on 256 rows); ours {ours['elapsed_s']} s = "
+        f"{floor['fraction_of_ours']:.2f} of the floor's speed\n"
         f"{json.dumps(report)}\n"
     )
     return report

@@ -93,6 +93,8 @@ def measure(args: argparse.Namespace, env: dict[str, str], pids: dict[str, int])
         "median_itl_ms": figure(out, "Median ITL (ms)"),
         "mean_itl_ms": figure(out, "Mean ITL (ms)"),
         "median_tpot_ms": figure(out, "Median TPOT (ms)"),
+        "p99_itl_ms": figure(out, "P99 ITL (ms)"),
+        "p99_ttft_ms": figure(out, "P99 TTFT (ms)"),
         "tokens": tokens,
         "cpu_ms_per_token": {k: 1e3 * v / tokens for k, v in spent.items()},
     }
@@ -128,7 +130,8 @@ def main() -> None:
     cpu = " ".join(f"{k} {v:.2f}" for k, v in res["cpu_ms_per_token"].items())
     print(
         f"{args.label} c{args.concurrency}: median ITL {res['median_itl_ms']:.2f} ms, "
-        f"mean ITL {res['mean_itl_ms']:.2f}, median TPOT {res['median_tpot_ms']:.2f} | "
+        f"mean ITL {res['mean_itl_ms']:.2f}, p99 ITL {res['p99_itl_ms']:.2f}, "
+        f"median TPOT {res['median_tpot_ms']:.2f}, p99 TTFT {res['p99_ttft_ms']:.0f} | "
         f"CPU ms/token: {cpu}",
         flush=True,
     )
