@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from sglang.srt.layers.sampler import Sampler
+from sglang.srt.sampling.penalties import RunningTokenCounts, output_token_counts
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -168,3 +171,34 @@ def test_top_p_on_a_flat_distribution_falls_back_to_a_full_sort(monkeypatch):
     logits[:, 0] = 1.0
     ids = Sampler()(logits, _info([SamplingParams(top_p=0.5)] * 200)).next_token_ids
     assert len(set(ids.tolist())) > 4  # more tokens than the candidate set
+
+
+def test_running_token_counts_follow_the_batch_step_by_step():
+    # The counts a running batch keeps across steps must equal a fresh count of every
+    # request's outputs at each step, through joins, finishes, reorders and several
+    # tokens in one step (an accepted draft).
+    rng = random.Random(0)
+    counts = RunningTokenCounts(VOCAB, "cpu")
+    batch: list[tuple[object, list[int]]] = []
+    for step in range(60):
+        if step % 7 == 0 or not batch:  # a request joins, sometimes with outputs already
+            batch.append((object(), [rng.randrange(VOCAB) for _ in range(rng.randrange(3))]))
+        if step % 11 == 5:  # one finishes
+            batch.pop(rng.randrange(len(batch)))
+        if step % 13 == 3:
+            rng.shuffle(batch)
+        for _, ids in batch:
+            ids.extend(rng.randrange(VOCAB) for _ in range(rng.choice([1, 1, 1, 3])))
+        owners, outputs = [o for o, _ in batch], [ids for _, ids in batch]
+        got = counts.update(owners, outputs)
+        assert torch.equal(got, output_token_counts(outputs, VOCAB, "cpu")), step
+
+
+def test_running_token_counts_match_owners_not_contents():
+    counts = RunningTokenCounts(VOCAB, "cpu")
+    first, second = object(), object()
+    counts.update([first], [[3, 3]])
+    # a different request in the same row, with the same outputs, is counted afresh
+    assert counts.update([second], [[3, 3, 4]])[0, 3].item() == 2
+    # outputs only grow (Req.output_ids is append-only); fewer than counted: recounted
+    assert counts.update([second], [[4]])[0].tolist() == [0] * 4 + [1] + [0] * (VOCAB - 5)

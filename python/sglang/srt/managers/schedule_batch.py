@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from sglang.srt.sampling.penalties import RunningTokenCounts
+from sglang.srt.sampling.sampling_batch_info import has_penalty
 
 if TYPE_CHECKING:
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -231,6 +233,7 @@ class RunningBatch:
         self._req_pool_indices: torch.Tensor | None = None  # int64[bs]
         self._seq_lens: torch.Tensor | None = None  # int64[bs], kv_len before the step
         self._sampling_info: SamplingBatchInfo | None = None
+        self._token_counts: RunningTokenCounts | None = None  # while a request has a penalty
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -265,6 +268,16 @@ class RunningBatch:
 
     def set_sampling_info(self, info: SamplingBatchInfo | None) -> None:
         self._sampling_info = info
+
+    def penalty_counts(self, vocab_size: int, device: torch.device | str) -> torch.Tensor | None:
+        """int32[bs, vocab] counts of each request's outputs so far, kept up to date step by
+        step; None (and nothing kept) while no request uses a penalty."""
+        if not any(has_penalty(r.sampling_params) for r in self.reqs):
+            self._token_counts = None
+            return None
+        if self._token_counts is None:
+            self._token_counts = RunningTokenCounts(vocab_size, device)
+        return self._token_counts.update(self.reqs, [r.output_ids for r in self.reqs])
 
     def lens_changed(self) -> None:
         """Requests' kv_len moved by different amounts (a verify step): rebuild seq_lens."""

@@ -295,7 +295,8 @@ class Scheduler(
             return self.forward(batch.reqs, batch.to_worker_batch(info))
         info = self.running.cached_sampling_info()
         if info is None:
-            info = self._sampling_info(self.running.reqs)
+            counts = self.running.penalty_counts(self.vocab_size, self.device)
+            info = self._sampling_info(self.running.reqs, counts)
             if not any(r.needs_fresh_sampling_info() for r in self.running.reqs):
                 self.running.set_sampling_info(info)
         if isinstance(batch, VerifyStep):  # drafting rows get per-row masks instead
@@ -312,7 +313,7 @@ class Scheduler(
         mask = self.grammar_mask(reqs, skip)
         return info if mask is None else dataclasses.replace(info, grammar_mask=mask)
 
-    def _sampling_info(self, reqs: list[Req]) -> Any:
+    def _sampling_info(self, reqs: list[Req], penalty_counts: Any = None) -> Any:
         from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
         return SamplingBatchInfo.from_requests(
@@ -321,6 +322,7 @@ class Scheduler(
             self.vocab_size,
             self.device,
             eos_token_ids=self.eos_token_ids,
+            penalty_counts=penalty_counts,
         )
 
     def process_batch_result(self, batch: PrefillBatch | DecodeStep, result: Any) -> None:

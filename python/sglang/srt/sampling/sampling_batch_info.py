@@ -53,11 +53,14 @@ class SamplingBatchInfo:
         vocab_size: int,
         device: torch.device | str = "cpu",
         eos_token_ids: set[int] | None = None,
+        penalty_counts: torch.Tensor | None = None,
     ) -> SamplingBatchInfo:
         """Build from each request's params and the tokens it generated so far.
 
         `eos_token_ids` (the model's) are banned, like each request's
         `stop_token_ids`, while a request has fewer than `min_new_tokens` outputs.
+        `penalty_counts` (int32[bs, vocab], e.g. a running batch's `RunningTokenCounts`)
+        spares counting `output_ids` again when some request uses a penalty.
         """
         greedy = [p.is_greedy for p in params]
         top_ks = [p.effective_top_k for p in params]
@@ -77,14 +80,16 @@ class SamplingBatchInfo:
             steps=[len(ids) for ids in output_ids],
         )
         info.vocab_bias = _vocab_bias(params, output_ids, vocab_size, device, eos_token_ids)
-        info._init_penalties(params, output_ids, vocab_size, device)
+        info._init_penalties(params, output_ids, vocab_size, device, penalty_counts)
         return info
 
-    def _init_penalties(self, params, output_ids, vocab_size, device) -> None:
+    def _init_penalties(self, params, output_ids, vocab_size, device, counts) -> None:
         """Counts of generated tokens, and a column per penalty some request uses."""
-        if not any(_has_penalty(p) for p in params):
+        if not any(has_penalty(p) for p in params):
             return
-        self.penalty_counts = output_token_counts(output_ids, vocab_size, device)
+        if counts is None:
+            counts = output_token_counts(output_ids, vocab_size, device)
+        self.penalty_counts = counts
         if any(p.frequency_penalty != 0.0 for p in params):
             self.frequency_penalties = _col([p.frequency_penalty for p in params], device)
         if any(p.presence_penalty != 0.0 for p in params):
@@ -97,7 +102,7 @@ def _col(values: list[float], device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
 
 
-def _has_penalty(p: SamplingParams) -> bool:
+def has_penalty(p: SamplingParams) -> bool:
     return p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.repetition_penalty != 1.0
 
 
