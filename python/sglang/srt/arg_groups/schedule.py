@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from sglang.srt.arg_groups.arg_utils import arg
 
 SCHEDULE_POLICY_CHOICES = ("fcfs", "lpm", "dfs-weight", "random")
+# SGLang's overlap scheduler prepares step N+1 while step N runs; this one never does (on
+# two CPU cores the scheduler's 0.04-0.23 ms a step could only run on a core the forward
+# uses: benchmark/RESULTS.md), so every schedule already is what the flag asks for.
+NEVER_OVERLAPS = "this scheduler never overlaps scheduling with the forward"
 
 
 @dataclass(kw_only=True)
@@ -25,6 +29,12 @@ class ScheduleArgs:
     )
     max_queued_requests: int | None = arg(
         None, "Max requests waiting to be scheduled. Default: unbounded."
+    )
+    disable_overlap_schedule: bool = arg(
+        False,
+        "Do not overlap the next step's scheduling with the current forward (SGLang's "
+        "overlap scheduler). Accepted for SGLang command lines.",
+        noop_on={"cpu": NEVER_OVERLAPS, "cuda": NEVER_OVERLAPS},
     )
     stream_interval: int = arg(1, "Emit a streaming chunk every N decoded tokens.")
     schedule_conservativeness: float = arg(
