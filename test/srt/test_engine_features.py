@@ -236,3 +236,28 @@ def test_scheduler_forward_clock_reaches_the_tokenizer_manager(engine):
         if seen_busy:
             break
     assert seen_busy
+
+
+def test_repetition_penalty_matches_hf_generate(engine, tiny_llama_dir):
+    # HF's repetition penalty scales every token of the prompt and of the output so far;
+    # greedy outputs under it must be HF's, for a batch of prompts decoding together.
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    bases = [[(53 * i + 7 * j) % 900 + 20 for i in range(12)] for j in range(3)]
+    plain = engine.generate(input_ids=bases, sampling_params=greedy(12))
+    # each prompt ends with the model's own greedy continuation, whose tokens it tends to
+    # repeat: penalizing only the outputs would let it repeat them
+    prompts = [base + out["output_ids"] for base, out in zip(bases, plain)]
+    params = greedy(12, repetition_penalty=1.8)
+    ours = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
+    hf_model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32)
+    hf = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                    max_new_tokens=12, min_new_tokens=12, repetition_penalty=1.8,
+                                    pad_token_id=0)  # fmt: skip
+            hf.append(out[0, len(prompt) :].tolist())
+    assert ours == hf

@@ -15,9 +15,10 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 VOCAB = 16
 
 
-def _info(params, outputs=None, eos=None) -> SamplingBatchInfo:
+def _info(params, outputs=None, eos=None, prompts=None) -> SamplingBatchInfo:
     outputs = outputs or [[] for _ in params]
-    return SamplingBatchInfo.from_requests(params, outputs, VOCAB, "cpu", eos_token_ids=eos)
+    return SamplingBatchInfo.from_requests(params, outputs, VOCAB, "cpu", eos_token_ids=eos,
+                                           prompt_ids=prompts)  # fmt: skip
 
 
 def _logits(bs: int = 2, seed: int = 0) -> torch.Tensor:
@@ -87,6 +88,17 @@ def test_penalties():
     assert out[5].item() == pytest.approx(2.0 / 2.0 - 0.5 * 2 - 0.25)
     assert out[9].item() == pytest.approx(2.0 / 2.0 - 0.5 - 0.25)
     assert out[0].item() == pytest.approx(2.0)
+
+
+def test_repetition_penalty_covers_the_prompt_the_others_only_outputs():
+    # HF's RepetitionPenaltyLogitsProcessor (and vLLM, SGLang) scale every token of the
+    # prompt and the output; OpenAI's frequency/presence penalties count outputs only.
+    from sglang.srt.layers.sampler import adjust_logits
+
+    logits = torch.tensor([[2.0, -2.0, 2.0, 2.0] + [0.0] * (VOCAB - 4)])
+    params = SamplingParams(temperature=0.0, repetition_penalty=2.0, presence_penalty=0.5)
+    out = adjust_logits(logits.clone(), _info([params], [[2]], prompts=[[0, 1]]))[0]
+    assert out[:4].tolist() == pytest.approx([1.0, -4.0, 1.0 - 0.5, 2.0])
 
 
 def test_min_new_tokens_bans_eos_and_stop_ids_then_releases():
@@ -190,15 +202,24 @@ def test_running_token_counts_follow_the_batch_step_by_step():
         for _, ids in batch:
             ids.extend(rng.randrange(VOCAB) for _ in range(rng.choice([1, 1, 1, 3])))
         owners, outputs = [o for o, _ in batch], [ids for _, ids in batch]
-        got = counts.update(owners, outputs)
+        got = counts.update(owners, outputs, [[] for _ in owners])
         assert torch.equal(got, output_token_counts(outputs, VOCAB, "cpu")), step
 
 
 def test_running_token_counts_match_owners_not_contents():
     counts = RunningTokenCounts(VOCAB, "cpu")
     first, second = object(), object()
-    counts.update([first], [[3, 3]])
+    counts.update([first], [[3, 3]], [[1]])
     # a different request in the same row, with the same outputs, is counted afresh
-    assert counts.update([second], [[3, 3, 4]])[0, 3].item() == 2
+    assert counts.update([second], [[3, 3, 4]], [[2]])[0, 3].item() == 2
+    assert counts.prompt_seen[0].nonzero().flatten().tolist() == [2]
     # outputs only grow (Req.output_ids is append-only); fewer than counted: recounted
-    assert counts.update([second], [[4]])[0].tolist() == [0] * 4 + [1] + [0] * (VOCAB - 5)
+    assert counts.update([second], [[4]], [[2]])[0].tolist() == [0] * 4 + [1] + [0] * (VOCAB - 5)
+
+
+def test_running_token_counts_keep_each_prompt_mask_with_its_row():
+    counts = RunningTokenCounts(VOCAB, "cpu")
+    a, b, c = object(), object(), object()
+    counts.update([a, b], [[], []], [[1, 2], [3]])
+    counts.update([b, c], [[5], []], [[9, 9, 9], [4]])  # b keeps its mask; c's is made
+    assert [row.nonzero().flatten().tolist() for row in counts.prompt_seen] == [[3], [4]]

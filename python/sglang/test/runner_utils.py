@@ -88,6 +88,7 @@ class MiniScheduler:
             self.vocab_size,
             self.runner.device,
             eos_token_ids=self.worker.model_config.eos_token_ids,
+            prompt_ids=[r.prompt_ids for r in reqs],
         )
 
     # -- steps ----------------------------------------------------------------------

@@ -66,6 +66,7 @@ def adjust_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor
             info.frequency_penalties,
             info.presence_penalties,
             info.repetition_penalties,
+            info.prompt_seen,
         )
     if info.vocab_bias is not None:
         logits += info.vocab_bias

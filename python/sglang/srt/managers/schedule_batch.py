@@ -269,15 +269,22 @@ class RunningBatch:
     def set_sampling_info(self, info: SamplingBatchInfo | None) -> None:
         self._sampling_info = info
 
-    def penalty_counts(self, vocab_size: int, device: torch.device | str) -> torch.Tensor | None:
-        """int32[bs, vocab] counts of each request's outputs so far, kept up to date step by
-        step; None (and nothing kept) while no request uses a penalty."""
+    def penalty_counts(
+        self, vocab_size: int, device: torch.device | str
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(int32[bs, vocab] counts of each request's outputs so far, bool[bs, vocab] its
+        prompt's tokens), kept up to date step by step; None (and nothing kept) while no
+        request uses a penalty."""
         if not any(has_penalty(r.sampling_params) for r in self.reqs):
             self._token_counts = None
             return None
         if self._token_counts is None:
             self._token_counts = RunningTokenCounts(vocab_size, device)
-        return self._token_counts.update(self.reqs, [r.output_ids for r in self.reqs])
+        reqs = self.reqs
+        counts = self._token_counts.update(
+            reqs, [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs]
+        )
+        return counts, self._token_counts.prompt_seen
 
     def lens_changed(self) -> None:
         """Requests' kv_len moved by different amounts (a verify step): rebuild seq_lens."""

@@ -295,8 +295,8 @@ class Scheduler(
             return self.forward(batch.reqs, batch.to_worker_batch(info))
         info = self.running.cached_sampling_info()
         if info is None:
-            counts = self.running.penalty_counts(self.vocab_size, self.device)
-            info = self._sampling_info(self.running.reqs, counts)
+            kept = self.running.penalty_counts(self.vocab_size, self.device)
+            info = self._sampling_info(self.running.reqs, kept)
             if not any(r.needs_fresh_sampling_info() for r in self.running.reqs):
                 self.running.set_sampling_info(info)
         if isinstance(batch, VerifyStep):  # drafting rows get per-row masks instead
@@ -313,16 +313,20 @@ class Scheduler(
         mask = self.grammar_mask(reqs, skip)
         return info if mask is None else dataclasses.replace(info, grammar_mask=mask)
 
-    def _sampling_info(self, reqs: list[Req], penalty_counts: Any = None) -> Any:
+    def _sampling_info(self, reqs: list[Req], kept_counts: Any = None) -> Any:
+        """`kept_counts`: a running batch's (output counts, prompt mask), if it keeps them."""
         from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
+        counts, prompt_seen = kept_counts if kept_counts is not None else (None, None)
         return SamplingBatchInfo.from_requests(
             [r.sampling_params for r in reqs],
             [r.output_ids for r in reqs],
             self.vocab_size,
             self.device,
             eos_token_ids=self.eos_token_ids,
-            penalty_counts=penalty_counts,
+            penalty_counts=counts,
+            prompt_ids=[r.origin_input_ids for r in reqs],
+            prompt_seen=prompt_seen,
         )
 
     def process_batch_result(self, batch: PrefillBatch | DecodeStep, result: Any) -> None:

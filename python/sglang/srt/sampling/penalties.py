@@ -1,4 +1,9 @@
-"""Repetition, frequency and presence penalties over the tokens generated so far."""
+"""Repetition, frequency and presence penalties.
+
+Frequency and presence penalties count the tokens generated so far (OpenAI); the
+repetition penalty scales every token seen in the prompt or the output, as HF's
+`RepetitionPenaltyLogitsProcessor`, vLLM and SGLang do.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +27,17 @@ def output_token_counts(
     return counts.to(device)
 
 
+def prompt_token_mask(
+    prompt_ids: Sequence[list[int]], vocab_size: int, device: torch.device | str
+) -> torch.Tensor:
+    """bool[bs, vocab]: which tokens occur in each request's prompt."""
+    seen = torch.zeros(len(prompt_ids), vocab_size, dtype=torch.bool)
+    for row, ids in enumerate(prompt_ids):
+        if ids:
+            seen[row, torch.tensor(ids, dtype=torch.int64)] = True
+    return seen.to(device)
+
+
 class RunningTokenCounts:
     """int32[bs, vocab] output-token counts of a running batch, kept across steps.
 
@@ -29,7 +45,8 @@ class RunningTokenCounts:
     step for 32 requests 1,000 tokens in); here a step adds only each row's new tokens
     (one per decode step), and a membership change keeps the surviving rows and counts
     only the newcomers' outputs. Rows are matched by the request object itself (not its
-    id(), which a new request may reuse), in the batch's order.
+    id(), which a new request may reuse), in the batch's order. Beside the counts it keeps
+    each row's prompt-token mask (the repetition penalty's), made once per request.
     """
 
     def __init__(self, vocab_size: int, device: torch.device | str) -> None:
@@ -38,13 +55,25 @@ class RunningTokenCounts:
         self._owners: list[Any] = []  # row i counts the outputs of _owners[i]
         self._counted: list[int] = []  # row i holds _owners[i]'s first _counted[i] outputs
         self._counts: torch.Tensor | None = None  # int32[len(_owners), vocab]
+        self._prompt_seen: torch.Tensor | None = None  # bool[len(_owners), vocab]
 
-    def update(self, owners: Sequence[Any], output_ids: Sequence[list[int]]) -> torch.Tensor:
-        """The counts of `output_ids[i]` in row i (owners[i]'s outputs so far)."""
+    @property
+    def prompt_seen(self) -> torch.Tensor | None:
+        """bool[bs, vocab]: the tokens of each row's prompt (as of the last update)."""
+        return self._prompt_seen
+
+    def update(
+        self,
+        owners: Sequence[Any],
+        output_ids: Sequence[list[int]],
+        prompt_ids: Sequence[list[int]],
+    ) -> torch.Tensor:
+        """The counts of `output_ids[i]` in row i (owners[i]'s outputs so far); a new
+        owner's prompt mask is made from `prompt_ids[i]`."""
         if len(owners) != len(self._owners) or any(
             a is not b for a, b in zip(owners, self._owners)
         ):
-            self._regroup(owners)
+            self._regroup(owners, prompt_ids)
         rows: list[int] = []
         cols: list[int] = []
         for row, ids in enumerate(output_ids):
@@ -62,8 +91,9 @@ class RunningTokenCounts:
             self._counts.index_put_(index, ones, accumulate=True)
         return self._counts
 
-    def _regroup(self, owners: Sequence[Any]) -> None:
-        """Rows for `owners`: survivors keep their counts, newcomers start at zero."""
+    def _regroup(self, owners: Sequence[Any], prompt_ids: Sequence[list[int]]) -> None:
+        """Rows for `owners`: survivors keep their rows, newcomers' counts start at zero
+        and their prompt masks are made."""
         counts = torch.zeros(len(owners), self.vocab_size, dtype=torch.int32, device=self.device)
         old_row = {id(owner): row for row, owner in enumerate(self._owners)}
         counted = [0] * len(owners)
@@ -74,9 +104,14 @@ class RunningTokenCounts:
                 new_rows.append(row)
                 old_rows.append(old)
                 counted[row] = self._counted[old]
+        kept = set(new_rows)
+        newcomer_prompts = [[] if row in kept else ids for row, ids in enumerate(prompt_ids)]
+        prompt_seen = prompt_token_mask(newcomer_prompts, self.vocab_size, self.device)
         if new_rows:
             counts[new_rows] = self._counts[old_rows]
+            prompt_seen[new_rows] = self._prompt_seen[old_rows]
         self._owners, self._counted, self._counts = list(owners), counted, counts
+        self._prompt_seen = prompt_seen
 
 
 def apply_penalties(
@@ -85,10 +120,14 @@ def apply_penalties(
     frequency: torch.Tensor | None,  # float32[bs, 1]; None = no request uses it
     presence: torch.Tensor | None,  # float32[bs, 1]
     repetition: torch.Tensor | None,  # float32[bs, 1]
+    prompt_seen: torch.Tensor | None = None,  # bool[bs, vocab]; with `repetition`
 ) -> torch.Tensor:
-    """OpenAI frequency/presence penalties and the HF-style repetition penalty."""
+    """OpenAI frequency/presence penalties over the outputs and the HF-style repetition
+    penalty over the prompt and the outputs."""
     if repetition is not None:
         seen = counts > 0
+        if prompt_seen is not None:
+            seen |= prompt_seen
         rep = torch.where(seen, repetition, 1.0)
         logits.copy_(torch.where(logits > 0, logits / rep, logits * rep))
     if frequency is not None:

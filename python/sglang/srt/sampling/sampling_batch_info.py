@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from sglang.srt.sampling.penalties import output_token_counts
+from sglang.srt.sampling.penalties import output_token_counts, prompt_token_mask
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 
@@ -29,6 +29,7 @@ class SamplingBatchInfo:
     frequency_penalties: torch.Tensor | None = None  # float32[bs, 1]; None = unused
     presence_penalties: torch.Tensor | None = None  # float32[bs, 1]
     repetition_penalties: torch.Tensor | None = None  # float32[bs, 1]
+    prompt_seen: torch.Tensor | None = None  # bool[bs, vocab]; with repetition_penalties
     # This step's grammar mask (constrained/grammar_manager.GrammarMask): it has
     # `apply(logits)`; None when no request in the batch is constrained.
     grammar_mask: Any = None
@@ -54,13 +55,16 @@ class SamplingBatchInfo:
         device: torch.device | str = "cpu",
         eos_token_ids: set[int] | None = None,
         penalty_counts: torch.Tensor | None = None,
+        prompt_ids: list[list[int]] | None = None,
+        prompt_seen: torch.Tensor | None = None,
     ) -> SamplingBatchInfo:
         """Build from each request's params and the tokens it generated so far.
 
         `eos_token_ids` (the model's) are banned, like each request's
         `stop_token_ids`, while a request has fewer than `min_new_tokens` outputs.
-        `penalty_counts` (int32[bs, vocab], e.g. a running batch's `RunningTokenCounts`)
-        spares counting `output_ids` again when some request uses a penalty.
+        `prompt_ids` are the prompts the repetition penalty also covers (none given: no
+        prompt tokens). `penalty_counts` (int32[bs, vocab]) and `prompt_seen` (bool[bs,
+        vocab]), e.g. a running batch's `RunningTokenCounts`, spare counting them again.
         """
         greedy = [p.is_greedy for p in params]
         top_ks = [p.effective_top_k for p in params]
@@ -80,15 +84,17 @@ class SamplingBatchInfo:
             steps=[len(ids) for ids in output_ids],
         )
         info.vocab_bias = _vocab_bias(params, output_ids, vocab_size, device, eos_token_ids)
-        info._init_penalties(params, output_ids, vocab_size, device, penalty_counts)
+        if any(has_penalty(p) for p in params):
+            if penalty_counts is None:
+                penalty_counts = output_token_counts(output_ids, vocab_size, device)
+            info._init_penalties(params, penalty_counts, device)
+            if info.repetition_penalties is not None:
+                info.prompt_seen = prompt_seen if prompt_seen is not None else prompt_token_mask(
+                    prompt_ids or [[] for _ in params], vocab_size, device)  # fmt: skip
         return info
 
-    def _init_penalties(self, params, output_ids, vocab_size, device, counts) -> None:
+    def _init_penalties(self, params, counts, device) -> None:
         """Counts of generated tokens, and a column per penalty some request uses."""
-        if not any(has_penalty(p) for p in params):
-            return
-        if counts is None:
-            counts = output_token_counts(output_ids, vocab_size, device)
         self.penalty_counts = counts
         if any(p.frequency_penalty != 0.0 for p in params):
             self.frequency_penalties = _col([p.frequency_penalty for p in params], device)
