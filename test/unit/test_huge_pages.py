@@ -81,6 +81,21 @@ def test_big_tensors_are_aligned_and_hold_their_values(fresh_policy, dtype):
     assert small.shape == (16, 16)
 
 
+def test_big_tensors_get_fresh_pages_after_big_frees(fresh_policy):
+    # Once a big block is freed glibc serves blocks up to its raised mmap threshold from
+    # its heap, whose reused memory is already on 4 KiB pages: the advice would come too
+    # late there. Touch and free heap memory the way a weight load does, then allocate.
+    for nbytes in (48 * MiB, 8 * MiB, 8 * MiB):  # the first raises the threshold
+        scratch = torch.empty(nbytes, dtype=torch.uint8)
+        scratch.fill_(1)
+        del scratch
+    t = huge_pages.empty((3 * MiB,), torch.uint8)
+    t.fill_(2)
+    assert bool((t == 2).all())
+    if huge_pages.enabled() and faults_in_huge_pages():  # (this VM kind: THP madvise)
+        assert anon_huge_kib(t.data_ptr()) >= 2048
+
+
 def test_loader_moves_big_parameters_and_keeps_ties(fresh_policy):
     embed = nn.Embedding(1024, 1024)  # 4 MiB of float32
     head = nn.Linear(1024, 1024, bias=False)

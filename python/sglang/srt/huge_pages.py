@@ -5,9 +5,12 @@ A decode step reads every weight byte (batch 1 of a real model is bound by it) a
 large batch reads every cached K/V row; on 4 KiB pages each 4 KiB of that stream is a
 TLB entry, and in a VM a TLB miss walks two page tables. Where THP is `madvise` (the
 default of most distributions) memory is backed by 2 MiB pages only when advised
-before it is first touched, so these arrays are allocated here: a buffer 2 MiB larger
-than asked, its 2 MiB-aligned part advised with MADV_HUGEPAGE, the tensor a view of
-that part. The slack before the aligned start is never touched (no resident memory).
+before it is first touched, so these arrays are allocated here: a fresh anonymous
+mapping 2 MiB larger than asked (never malloc's heap, whose reused chunks already sit on
+4 KiB pages: glibc serves blocks up to 32 MiB from it once big blocks have been freed),
+its 2 MiB-aligned part advised with MADV_HUGEPAGE, the tensor a view of that part. The
+slack before the aligned start is never touched (no resident memory); the mapping goes
+when the last tensor viewing it does.
 Elsewhere (THP `never`, not Linux, SGLANG_CPU_HUGE_PAGES=0, under 2 MiB) it is a plain
 torch.empty. The bytes and the results are the same either way.
 """
@@ -19,6 +22,7 @@ import ctypes.util
 import functools
 import logging
 import math
+import mmap
 import sys
 from pathlib import Path
 
@@ -56,6 +60,12 @@ def enabled() -> bool:
     return _madvise() is not None
 
 
+def _anonymous_mapping(nbytes: int) -> mmap.mmap:
+    """Fresh private anonymous memory (MAP_SHARED, mmap's default, would be shmem, whose
+    huge pages follow another switch)."""
+    return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+
+
 def empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised contiguous CPU tensor, on 2 MiB pages where the kernel gives them
     (see the module docstring); call before anything writes it."""
@@ -63,7 +73,8 @@ def empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tens
     nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
     if madvise is None or nbytes < HUGE_PAGE_BYTES:
         return torch.empty(shape, dtype=dtype)
-    raw = torch.empty(nbytes + HUGE_PAGE_BYTES, dtype=torch.uint8)
+    # torch.frombuffer keeps the mapping alive as long as any view of it
+    raw = torch.frombuffer(_anonymous_mapping(nbytes + HUGE_PAGE_BYTES), dtype=torch.uint8)
     address = raw.data_ptr()
     start = -address % HUGE_PAGE_BYTES  # bytes to the first 2 MiB boundary
     advised = nbytes // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
