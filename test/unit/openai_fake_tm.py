@@ -62,6 +62,7 @@ class FakeTokenizerManager:
     running: set[str] = field(default_factory=set)
     config: dict[str, Any] = field(default_factory=lambda: {"model_path": "/models/fake"})
     is_embedding: bool = False  # a generation model (embedding fakes override this)
+    allow_auto_truncate: bool = False  # the fake refuses long prompts (no truncation)
 
     # --- generation -------------------------------------------------------------------
 
@@ -165,6 +166,10 @@ class FakeTokenizerManager:
 
     async def flush_cache(self) -> bool:
         return not self.running
+
+    def text_to_encode(self, text: str, param: str) -> str:
+        self.check_text_can_fit(text, param)
+        return text
 
     def check_text_can_fit(self, text: str, param: str) -> None:
         if len(text) > self.context_len * 4:  # the fake tokenizer: one char per token

@@ -35,6 +35,12 @@ class ServingArgs:
         choices=TOOL_CALL_PARSER_NAMES,
     )
     skip_server_warmup: bool = arg(False, "Skip the warmup request after start.")
+    allow_auto_truncate: bool = arg(
+        False,
+        "A prompt longer than the context (or the KV pool) keeps its first tokens that fit, "
+        "and max_new_tokens shrinks to the room left, instead of a 400; each cut is logged "
+        "and usage counts the tokens kept.",
+    )
     detokenizer_mode: str = arg(
         "auto",
         "Where token ids become text: a detokenizer process between the scheduler and the "

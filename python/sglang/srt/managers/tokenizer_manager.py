@@ -192,6 +192,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         from sglang.srt.runtime_context import get_observability
 
         self.log_requests = bool(get_observability().log_requests)
+        self.allow_auto_truncate = bool(get_serving().allow_auto_truncate)
         self._base_config = dict(self.server_args.resolved_dict())
         # every DP rank answers a control request (the controller sends it to all)
         self.num_dp_ranks = int(self._base_config.get("dp_size", 1))
@@ -308,6 +309,9 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         if params.n != 1:
             raise ValueError("n > 1 must be expanded into n requests by the caller")
         params.normalize(self.tokenizer)
+        if self.allow_auto_truncate:
+            input_ids = self.truncate_prompt(input_ids, obj.rid)
+            params.max_new_tokens = self._room_for_output(len(input_ids), params.max_new_tokens)
         self._check_length(len(input_ids), params.max_new_tokens)
         return TokenizedGenerateReqInput(
             rid=obj.rid,
@@ -331,8 +335,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
                     "--skip-tokenizer-init): send input_ids",
                     "text",
                 )
-            self.check_text_can_fit(obj.text, "text")
-            ids = list(self.tokenizer.encode(obj.text))
+            ids = list(self.tokenizer.encode(self.text_to_encode(obj.text, "text")))
             param = "text"
         else:
             raise InvalidParamError("either text or input_ids must be given", "text")
@@ -343,14 +346,46 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             raise InvalidParamError(f"input_ids must be token ids in [0, {vocab})", "input_ids")
         return ids
 
+    def text_to_encode(self, text: str, param: str) -> str:
+        """`text`, or with --allow-auto-truncate its head that holds more tokens than the
+        context (cut by characters before tokenizing, so a huge text costs no more than
+        that); without the flag a text that cannot fit is refused (check_text_can_fit)."""
+        if not self.allow_auto_truncate:
+            self.check_text_can_fit(text, param)
+            return text
+        return text[: 2 * self._max_fitting_chars()]
+
+    def _max_fitting_chars(self) -> int:
+        if self._max_token_chars is None:
+            vocab = self.tokenizer.get_vocab()
+            self._max_token_chars = max((len(t) for t in vocab), default=1)
+        return self.context_len * self._max_token_chars
+
+    def truncate_prompt(self, input_ids: list[int], rid: Any) -> list[int]:
+        """The prompt's first tokens that fit the context and the KV pool (all of it if
+        it fits): --allow-auto-truncate."""
+        limit = min(self.context_len - 1, self.max_req_input_len)
+        if len(input_ids) <= limit:
+            return input_ids
+        logger.warning("request %s: the input (%d tokens) is longer than the context allows "
+                       "(%d); truncated to its first %d tokens", rid, len(input_ids),
+                       self.context_len, limit)  # fmt: skip
+        return input_ids[:limit]
+
+    def _room_for_output(self, input_len: int, max_new_tokens: int | None) -> int | None:
+        """max_new_tokens, cut to what the context leaves after `input_len` tokens."""
+        room = self.context_len - input_len
+        if max_new_tokens is None or max_new_tokens <= room:
+            return max_new_tokens
+        logger.warning("max_new_tokens %d cut to %d: the context holds %d tokens and the "
+                       "input %d", max_new_tokens, room, self.context_len, input_len)  # fmt: skip
+        return room
+
     def check_text_can_fit(self, text: str, param: str) -> None:
         """Refuse, without tokenizing it, a text too long for the context even if every
         token were the vocabulary's longest (a token never decodes to more characters
         than its vocabulary string has)."""
-        if self._max_token_chars is None:
-            vocab = self.tokenizer.get_vocab()
-            self._max_token_chars = max((len(t) for t in vocab), default=1)
-        limit = self.context_len * self._max_token_chars
+        limit = self._max_fitting_chars()
         if len(text) > limit:
             raise InvalidParamError(
                 f"The input ({len(text)} characters) is longer than the model's context "

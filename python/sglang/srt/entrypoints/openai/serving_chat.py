@@ -105,7 +105,7 @@ class OpenAIServingChat(OpenAIServingBase):
         except ChatTemplateError as exc:
             raise APIError(str(exc), param="messages") from exc
         try:
-            self.tokenizer_manager.check_text_can_fit(text, "messages")
+            text = self.tokenizer_manager.text_to_encode(text, "messages")
         except ValueError as exc:
             raise APIError(str(exc), param="messages", code="context_length_exceeded") from None
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -113,6 +113,9 @@ class OpenAIServingChat(OpenAIServingBase):
     def _max_new_tokens(self, request: ChatCompletionRequest, prompt_len: int) -> int:
         context_len = self.tokenizer_manager.context_len
         asked = request.max_completion_tokens or request.max_tokens
+        if self.tokenizer_manager.allow_auto_truncate:
+            # the TokenizerManager cuts the prompt and then max_new_tokens to what is left
+            return asked if asked is not None else context_len
         if prompt_len >= context_len or (asked is not None and prompt_len + asked > context_len):
             raise APIError(
                 f"This model's maximum context length is {context_len} tokens; the messages "
