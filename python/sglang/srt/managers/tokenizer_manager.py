@@ -312,6 +312,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         if self.allow_auto_truncate:
             input_ids = self.truncate_prompt(input_ids, obj.rid)
             params.max_new_tokens = self._room_for_output(len(input_ids), params.max_new_tokens)
+            if params.max_new_tokens is not None:
+                params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
         self._check_length(len(input_ids), params.max_new_tokens)
         return TokenizedGenerateReqInput(
             rid=obj.rid,
