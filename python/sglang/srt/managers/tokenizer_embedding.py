@@ -103,8 +103,6 @@ class TokenizerEmbeddingMixin:
             raise first_error(exc) from None
         self.check_dimensions(obj.dimensions)
         input_ids = self._input_ids(obj)
-        if self.allow_auto_truncate:
-            input_ids = self.truncate_prompt(input_ids, obj.rid)
         self._check_length(len(input_ids), None)
         return TokenizedEmbeddingReqInput(rid=obj.rid, input_text=obj.text, input_ids=input_ids)
 

@@ -309,8 +309,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         if params.n != 1:
             raise ValueError("n > 1 must be expanded into n requests by the caller")
         params.normalize(self.tokenizer)
-        if self.allow_auto_truncate:
-            input_ids = self.truncate_prompt(input_ids, obj.rid)
+        if self.allow_auto_truncate:  # the prompt is already cut (_input_ids)
             params.max_new_tokens = self._room_for_output(len(input_ids), params.max_new_tokens)
             if params.max_new_tokens is not None:
                 params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
@@ -327,6 +326,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         )
 
     def _input_ids(self, obj: GenerateReqInput) -> list[int]:
+        """The prompt's token ids, checked; cut to what fits with --allow-auto-truncate."""
         if obj.input_ids is not None:
             ids = list(obj.input_ids)
             param = "input_ids"
@@ -346,7 +346,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         vocab = self.model_config.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
             raise InvalidParamError(f"input_ids must be token ids in [0, {vocab})", "input_ids")
-        return ids
+        return self.truncate_prompt(ids, obj.rid) if self.allow_auto_truncate else ids
 
     def text_to_encode(self, text: str, param: str) -> str:
         """`text`, or with --allow-auto-truncate its head that holds more tokens than the

@@ -97,19 +97,19 @@ class RunningTokenCounts:
         counts = torch.zeros(len(owners), self.vocab_size, dtype=torch.int32, device=self.device)
         old_row = {id(owner): row for row, owner in enumerate(self._owners)}
         counted = [0] * len(owners)
-        new_rows, old_rows = [], []
+        survivor_rows, their_old_rows = [], []  # survivor_rows[k] was row their_old_rows[k]
         for row, owner in enumerate(owners):
             old = old_row.get(id(owner))
             if old is not None and self._owners[old] is owner:
-                new_rows.append(row)
-                old_rows.append(old)
+                survivor_rows.append(row)
+                their_old_rows.append(old)
                 counted[row] = self._counted[old]
-        kept = set(new_rows)
+        kept = set(survivor_rows)
         newcomer_prompts = [[] if row in kept else ids for row, ids in enumerate(prompt_ids)]
         prompt_seen = prompt_token_mask(newcomer_prompts, self.vocab_size, self.device)
-        if new_rows:
-            counts[new_rows] = self._counts[old_rows]
-            prompt_seen[new_rows] = self._prompt_seen[old_rows]
+        if survivor_rows:
+            counts[survivor_rows] = self._counts[their_old_rows]
+            prompt_seen[survivor_rows] = self._prompt_seen[their_old_rows]
         self._owners, self._counted, self._counts = list(owners), counted, counts
         self._prompt_seen = prompt_seen
 

@@ -89,8 +89,10 @@ class SamplingBatchInfo:
                 penalty_counts = output_token_counts(output_ids, vocab_size, device)
             info._init_penalties(params, penalty_counts, device)
             if info.repetition_penalties is not None:
-                info.prompt_seen = prompt_seen if prompt_seen is not None else prompt_token_mask(
-                    prompt_ids or [[] for _ in params], vocab_size, device)  # fmt: skip
+                if prompt_seen is None:
+                    prompts = prompt_ids or [[] for _ in params]
+                    prompt_seen = prompt_token_mask(prompts, vocab_size, device)
+                info.prompt_seen = prompt_seen
         return info
 
     def _init_penalties(self, params, counts, device) -> None:
