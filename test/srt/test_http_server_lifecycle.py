@@ -171,6 +171,20 @@ def _cmdline(proc: psutil.Process) -> list[str]:
         return []
 
 
+def test_ctrl_c_to_the_process_group_stops_quietly(tiny_llama_dir, tmp_path):
+    """A terminal's Ctrl-C signals every process of the group: the launcher shuts the
+    server down and exits 0; no child unwinds with a traceback or is reported dead."""
+    srv = start_server(tiny_llama_dir, tmp_path / "server.log", "--skip-server-warmup")
+    try:
+        os.killpg(srv.proc.pid, signal.SIGINT)
+        assert srv.proc.wait(timeout=60) == 0
+        log = srv.log()
+        assert "Traceback" not in log and "KeyboardInterrupt" not in log
+        assert "ERROR" not in log and "exited unexpectedly" not in log
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
 def test_sigterm_during_startup_exits_zero(tiny_llama_dir, tmp_path):
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_llama_dir),
            "--port", str(free_port()), *SMALL_SERVER_FLAGS]  # fmt: skip

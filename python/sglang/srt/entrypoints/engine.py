@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import logging
 import multiprocessing as mp
+import signal
 import sys
 import threading
 import time
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WATCHDOG_POLL_S = 0.2
+# A child ended by one of these was stopped on purpose (systemd or `kill` signalling the
+# whole process group, say): logged as a warning, not as a crash.
+_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 class RequestOptions(TypedDict, total=False):
@@ -95,11 +99,14 @@ class ChildProcesses:
                     return
 
     def _report_death(self, role: str, proc: mp.process.BaseProcess) -> None:
+        signal_name = _killing_signal_name(proc.exitcode)
+        shown_code = f"{proc.exitcode} ({signal_name})" if signal_name else f"{proc.exitcode}"
         self.dead_message = (
             f"The {role} process (pid {proc.pid}) exited unexpectedly with code "
-            f"{proc.exitcode}; the server cannot serve requests."
+            f"{shown_code}; the server cannot serve requests."
         )
-        logger.error(self.dead_message)
+        stopped_on_purpose = signal_name in {sig.name for sig in _STOP_SIGNALS}
+        logger.log(logging.WARNING if stopped_on_purpose else logging.ERROR, self.dead_message)
         for callback in self.on_death:
             try:
                 callback(self.dead_message)
@@ -132,6 +139,16 @@ class ChildProcesses:
         for cleanup in self.cleanups:
             cleanup()
         self.port_args.cleanup()
+
+
+def _killing_signal_name(exitcode: Any) -> str | None:
+    """'SIGKILL' for a process ended by signal 9 (exitcode -9), else None."""
+    if not isinstance(exitcode, int) or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return None
 
 
 def _stop_child(proc: Any) -> None:

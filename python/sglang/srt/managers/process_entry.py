@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,10 @@ BuildFn = Callable[[], tuple[dict[str, Any], Callable[[], None]]]
 def run_child(role: str, server_args: Any, ready_writer: Any, build: BuildFn) -> None:
     from sglang.srt.runtime_context import publish
 
+    # Ctrl-C in a terminal reaches the whole process group: the launcher (or the
+    # Engine's owner) handles it and stops the children, which must not unwind on their
+    # own with a KeyboardInterrupt traceback first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     publish(server_args, role=role)
     # No PR_SET_PDEATHSIG: it fires when the spawning *thread* exits, and an
     # Engine may be built on a short-lived thread. Polling the parent pid is safe.
