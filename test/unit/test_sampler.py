@@ -223,3 +223,16 @@ def test_running_token_counts_keep_each_prompt_mask_with_its_row():
     counts.update([a, b], [[], []], [[1, 2], [3]])
     counts.update([b, c], [[5], []], [[9, 9, 9], [4]])  # b keeps its mask; c's is made
     assert [row.nonzero().flatten().tolist() for row in counts.prompt_seen] == [[3], [4]]
+
+
+def test_running_token_counts_keep_no_prompt_mask_until_a_repetition_penalty_joins():
+    # Frequency/presence-only batches keep no bool[bs, vocab] mask; when a request with a
+    # repetition penalty joins, every row's mask is made, survivors' included.
+    counts = RunningTokenCounts(VOCAB, "cpu")
+    a, b = object(), object()
+    counts.update([a], [[5]], None)
+    assert counts.prompt_seen is None
+    counts.update([a, b], [[5, 6], []], [[1, 2], [3]])
+    assert [row.nonzero().flatten().tolist() for row in counts.prompt_seen] == [[1, 2], [3]]
+    counts.update([b], [[7]], None)  # the penalized request left
+    assert counts.prompt_seen is None

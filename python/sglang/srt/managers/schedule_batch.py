@@ -281,9 +281,9 @@ class RunningBatch:
         if self._token_counts is None:
             self._token_counts = RunningTokenCounts(vocab_size, device)
         reqs = self.reqs
-        counts = self._token_counts.update(
-            reqs, [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs]
-        )
+        repetition = any(r.sampling_params.repetition_penalty != 1.0 for r in reqs)
+        prompts = [r.origin_input_ids for r in reqs] if repetition else None
+        counts = self._token_counts.update(reqs, [r.output_ids for r in reqs], prompts)
         return counts, self._token_counts.prompt_seen
 
     def lens_changed(self) -> None:

@@ -46,7 +46,8 @@ class RunningTokenCounts:
     (one per decode step), and a membership change keeps the surviving rows and counts
     only the newcomers' outputs. Rows are matched by the request object itself (not its
     id(), which a new request may reuse), in the batch's order. Beside the counts it keeps
-    each row's prompt-token mask (the repetition penalty's), made once per request.
+    each row's prompt-token mask (the repetition penalty's), made once per request while
+    some request of the batch uses that penalty (none is kept otherwise).
     """
 
     def __init__(self, vocab_size: int, device: torch.device | str) -> None:
@@ -66,10 +67,11 @@ class RunningTokenCounts:
         self,
         owners: Sequence[Any],
         output_ids: Sequence[list[int]],
-        prompt_ids: Sequence[list[int]],
+        prompt_ids: Sequence[list[int]] | None,
     ) -> torch.Tensor:
         """The counts of `output_ids[i]` in row i (owners[i]'s outputs so far); a new
-        owner's prompt mask is made from `prompt_ids[i]`."""
+        owner's prompt mask is made from `prompt_ids[i]` (None: no request of the batch
+        uses the repetition penalty, and no mask is kept)."""
         if len(owners) != len(self._owners) or any(
             a is not b for a, b in zip(owners, self._owners)
         ):
@@ -91,9 +93,9 @@ class RunningTokenCounts:
             self._counts.index_put_(index, ones, accumulate=True)
         return self._counts
 
-    def _regroup(self, owners: Sequence[Any], prompt_ids: Sequence[list[int]]) -> None:
+    def _regroup(self, owners: Sequence[Any], prompt_ids: Sequence[list[int]] | None) -> None:
         """Rows for `owners`: survivors keep their rows, newcomers' counts start at zero
-        and their prompt masks are made."""
+        and their prompt masks are made (every row's, if none was kept before)."""
         counts = torch.zeros(len(owners), self.vocab_size, dtype=torch.int32, device=self.device)
         old_row = {id(owner): row for row, owner in enumerate(self._owners)}
         counted = [0] * len(owners)
@@ -104,14 +106,23 @@ class RunningTokenCounts:
                 survivor_rows.append(row)
                 their_old_rows.append(old)
                 counted[row] = self._counted[old]
-        kept = set(survivor_rows)
-        newcomer_prompts = [[] if row in kept else ids for row, ids in enumerate(prompt_ids)]
-        prompt_seen = prompt_token_mask(newcomer_prompts, self.vocab_size, self.device)
         if survivor_rows:
             counts[survivor_rows] = self._counts[their_old_rows]
-            prompt_seen[survivor_rows] = self._prompt_seen[their_old_rows]
+        self._prompt_seen = self._regrouped_prompt_seen(prompt_ids, survivor_rows, their_old_rows)
         self._owners, self._counted, self._counts = list(owners), counted, counts
-        self._prompt_seen = prompt_seen
+
+    def _regrouped_prompt_seen(
+        self, prompt_ids: Sequence[list[int]] | None, survivor_rows: list[int],
+        their_old_rows: list[int],
+    ) -> torch.Tensor | None:  # fmt: skip
+        if prompt_ids is None:
+            return None
+        kept = set(survivor_rows) if self._prompt_seen is not None else set()
+        to_mask = [[] if row in kept else ids for row, ids in enumerate(prompt_ids)]
+        prompt_seen = prompt_token_mask(to_mask, self.vocab_size, self.device)
+        if kept:
+            prompt_seen[survivor_rows] = self._prompt_seen[their_old_rows]
+        return prompt_seen
 
 
 def apply_penalties(
