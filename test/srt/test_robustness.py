@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import threading
 import time
 
@@ -32,15 +33,26 @@ HEALTH_TIMEOUT_S = 5.0  # SGLANG_HEALTH_TIMEOUT's default: /health answers withi
 GREEDY = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
 
 
+# Renders earlier tool calls and the tools, so hostile ones reach the template.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+    "{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}\n{% endfor %}"
+    "{% if tools %}{{ tools | tojson }}{% endif %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("robust-server")
+    template = workdir / "template.jinja"
+    template.write_text(CHAT_TEMPLATE)
     fault = f"forward:{FORWARD_MARKER},detokenize:{DETOK_MARKER}"
     srv = start_server(
         tiny_llama_dir,
         workdir / "server.log",
         "--max-queued-requests", str(MAX_QUEUED),
         "--max-running-requests", "64",
+        "--chat-template", str(template),
         env={"SGLANG_FAULT_INJECT": fault},
     )  # fmt: skip
     yield srv
@@ -95,6 +107,93 @@ def test_malformed_native_requests_are_400_and_server_survives(server, extra, pa
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert param in (error["param"] or ""), error
+    assert_healthy(server)
+
+
+DEEP_JSON = "[" * 100_000 + "]" * 100_000  # past Python's recursion limit
+NESTED_SCHEMA = '{"type":"array","items":' * 950 + "{}" + "}" * 950  # parses; 46 s to compile
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def _earlier_call(arguments: str) -> list[dict]:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return [*HI, {"role": "assistant", "content": None, "tool_calls": [call]}]
+
+
+HOSTILE = [
+    # (route, body, expected status, the error's param): each was a 500 or a stall.
+    ("/generate", {"sampling_params": {"max_new_tokens": 2, "json_schema": DEEP_JSON}},
+     400, "sampling_params.json_schema"),
+    ("/generate", {"sampling_params": {"max_new_tokens": 2, "json_schema": NESTED_SCHEMA}},
+     400, "sampling_params.json_schema"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 2,
+                              "chat_template_kwargs": {"messages": 5}}, 400, "chat_template_kwargs"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 2,
+                              "chat_template_kwargs": {"tokenize": True}}, 400, "chat_template_kwargs"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 2,
+                              "chat_template_kwargs": {"documents": "x"}}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": _earlier_call("[" * 1500 + "]" * 1500), "max_tokens": 2},
+     200, None),
+    ("/v1/chat/completions", {"messages": _earlier_call('{"a": 1' + "0" * 5000 + "}"),
+                              "max_tokens": 2}, 200, None),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "top_k": 2**63}, 200, None),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "logit_bias": {"--5": 1}},
+     400, "logit_bias"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "logit_bias": {"\uff15": 1}},
+     400, "logit_bias"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path, extra, status, param", HOSTILE)
+def test_hostile_requests_are_served_or_400_never_500(server, path, extra, status, param):
+    body = {"model": "default", **extra} if path.startswith("/v1") else {"text": "Hi", **extra}
+    begin = time.monotonic()
+    response = post(server, path, body)
+    assert response.status_code == status, response.text
+    assert time.monotonic() - begin < 10  # refused before any grammar compile
+    if status == 400:
+        assert response.json()["error"]["param"] == param, response.json()
+    assert "unhandled error" not in server.log()
+
+
+def test_top_logprobs_under_a_grammar_are_json_numbers(server):
+    """Tokens a grammar forbids have logprob -inf; JSON has none: they read -9999.0."""
+    native = post(server, "/generate", {"text": "Hi", "return_logprob": True, "top_logprobs_num": 3,
+                                        "sampling_params": {"max_new_tokens": 2, "regex": "a"}})  # fmt: skip
+    assert native.status_code == 200, native.text
+    tops = native.json()["meta_info"]["output_top_logprobs"]
+    assert -9999.0 in [entry[0] for entry in tops[0]]
+    body = {"model": "default", "prompt": "Hi", "max_tokens": 2, "regex": "a", "logprobs": 3,
+            "stream": True}  # fmt: skip
+    with requests.post(server.base_url + "/v1/completions", json=body, stream=True) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line[6:] not in (b"", b"[DONE]")]
+    values = [v for c in chunks for top in c["choices"][0]["logprobs"]["top_logprobs"]
+              for v in top.values()]  # fmt: skip
+    assert values and all(isinstance(v, float) for v in values) and -9999.0 in values
+
+
+def test_a_refused_duplicate_rid_leaves_the_running_request_alone(server):
+    body = {"text": "Hi", "rid": "held-rid", "stream": True,
+            "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}  # fmt: skip
+    with requests.post(server.base_url + "/generate", json=body, stream=True, timeout=60) as first:
+        lines = first.iter_lines()
+        next(line for line in lines if line)  # it runs
+        for path, dup in [("/generate", {"text": "Yo", "rid": "held-rid"}),
+                          ("/v1/completions", {"model": "default", "prompt": "Yo", "rid": "held-rid"})]:  # fmt: skip
+            refused = post(server, path, {**dup, "max_tokens": 2} if path.startswith("/v1") else dup)
+            assert refused.status_code == 400 and "duplicate" in refused.text
+        last = [line for line in lines if line and line != b"data: [DONE]"][-1]
+    meta = json.loads(last[6:])["meta_info"]
+    assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 200
+
+
+def test_a_client_gone_mid_body_is_no_server_error(server):
+    port = int(server.base_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"text\": ")  # fmt: skip
+    assert requests.get(server.base_url + "/v1/models/default", timeout=30).status_code == 200
+    assert "ERROR" not in server.log()
     assert_healthy(server)
 
 

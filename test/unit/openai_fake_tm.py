@@ -160,6 +160,10 @@ class FakeTokenizerManager:
 
     # --- control ------------------------------------------------------------------------
 
+    def abort_own_request(self, obj) -> None:
+        if obj.rid in self.running:
+            self.abort_request(obj.rid)
+
     def abort_request(self, rid: str, message: str = "", *, with_samples: bool = False) -> bool:
         self.aborted.add(rid)
         return rid in self.running

@@ -38,6 +38,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     ModelCard,
     ModelList,
 )
+from sglang.srt.entrypoints.openai.serving_base import MODEL_ALIASES
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
@@ -163,7 +164,7 @@ async def list_models(raw_request: Request) -> ModelList:
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(model_id: str, raw_request: Request) -> ModelCard:
     card = _model_card(server_state(raw_request).tokenizer_manager)
-    if model_id != card.id:
+    if model_id != card.id and model_id not in MODEL_ALIASES:  # the routes accept "default"
         raise APIError(f"The model `{model_id}` does not exist.", 404, param="model",
                        code="model_not_found")  # fmt: skip
     return card

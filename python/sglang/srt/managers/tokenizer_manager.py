@@ -419,6 +419,13 @@ class TokenizerManager(TokenizerEmbeddingMixin):
                 "sampling_params.max_new_tokens",
             )
 
+    def abort_own_request(self, obj: GenerateReqInput) -> None:
+        """Abort `obj`'s request if `obj` is what runs under its rid: a request refused as
+        a duplicate (or not registered yet) must not abort the one holding that rid."""
+        state = self.rid_to_state.get(obj.rid)
+        if state is not None and state.obj is obj:
+            self.abort_request(obj.rid)
+
     def abort_request(
         self, rid: str, message: str = "Aborted by request.", *, with_samples: bool = False
     ) -> bool:
@@ -464,8 +471,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
 
     def _with_text(self, pairs: list[tuple[Any, int]], with_text: bool) -> list[tuple]:
         if not with_text or self.tokenizer is None:
-            return [(lp, tid, None) for lp, tid in pairs]
-        return [(lp, tid, self.tokenizer.decode([tid])) for lp, tid in pairs]
+            return [(_reportable(lp), tid, None) for lp, tid in pairs]
+        return [(_reportable(lp), tid, self.tokenizer.decode([tid])) for lp, tid in pairs]
 
     # ------------------------------------------------------------------ receive loop
 
@@ -674,3 +681,15 @@ def _sampling_params(params: Any, vocab_size: int) -> SamplingParams:
             param = f"sampling_params.{param}".rstrip(".")
         raise InvalidParamError(f"sampling_params.{exc}", param) from None
     return out
+
+
+# A token the step forbade (a grammar mask, the min_new_tokens ban) has logprob -inf,
+# which JSON cannot carry: it is reported as this floor, as vLLM does.
+LOGPROB_FLOOR = -9999.0
+
+
+def _reportable(logprob: float | None) -> float | None:
+    """`logprob` as the API reports it: None stays None, -inf (or NaN) is the floor."""
+    if logprob is None or logprob >= LOGPROB_FLOOR:
+        return logprob
+    return LOGPROB_FLOOR

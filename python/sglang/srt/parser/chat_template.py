@@ -20,6 +20,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import jinja2
+
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
@@ -29,8 +31,22 @@ DETECT_SOURCE = "chat_template_detect"
 PARSER_FIELDS = ("tool_call_parser", "reasoning_parser")
 
 
+# apply_chat_template's own arguments and the names it renders with: chat_template_kwargs
+# may not set them (the request's own fields do).
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "chat_template", "tokenize", "add_generation_prompt",
+    "continue_final_message", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})  # fmt: skip
+
+
 class ChatTemplateError(ValueError):
-    """The request's messages cannot be rendered (no template, bad content)."""
+    """The request's messages cannot be rendered (no template, bad content); `param` is
+    the request field to blame."""
+
+    def __init__(self, message: str, param: str = "messages") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -80,7 +96,7 @@ def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:
     function = dict(call.get("function") or {})
     try:
         arguments = json.loads(function.get("arguments") or "")
-    except (json.JSONDecodeError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # not JSON, huge ints, nested too deep
         return call
     if isinstance(arguments, dict):
         function["arguments"] = arguments
@@ -100,16 +116,30 @@ def render_chat(
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError("the model has no chat template; start with --chat-template FILE")
     kwargs: dict[str, Any] = dict(extra_kwargs or {})
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if reserved:
+        raise ChatTemplateError(
+            f"chat_template_kwargs may not set {', '.join(reserved)} (the request's own "
+            "fields do: messages, tools, continue_final_message)",
+            param="chat_template_kwargs",
+        )
     if tools:
         kwargs["tools"] = tools
-    return tokenizer.apply_chat_template(
-        normalize_messages(messages),
-        chat_template=template,
-        tokenize=False,
-        add_generation_prompt=not continue_final_message,
-        continue_final_message=continue_final_message,
-        **kwargs,
-    )
+    try:
+        return tokenizer.apply_chat_template(
+            normalize_messages(messages),
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=not continue_final_message,
+            continue_final_message=continue_final_message,
+            **kwargs,
+        )
+    except ChatTemplateError:
+        raise
+    except (jinja2.TemplateError, TypeError, ValueError, RecursionError) as exc:
+        # the template (or transformers around it) refused these messages, tools or
+        # kwargs: e.g. raise_exception("roles must alternate"), documents not a list
+        raise ChatTemplateError(f"the chat template cannot render this request: {exc}") from None
 
 
 # --- parser detection (launcher stage) ------------------------------------------------------

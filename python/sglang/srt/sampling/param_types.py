@@ -11,6 +11,7 @@ HTTP layer answers it with a 400 whose `param` is that field.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Union
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
@@ -44,9 +45,12 @@ def _check_stop(value: Union[str, list[str], None]) -> Union[str, list[str], Non
     return value
 
 
+_TOKEN_ID_KEY = re.compile(r"-?[0-9]+")
+
+
 def _check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
     for key in value or {}:
-        if not key.lstrip("-").isdigit():
+        if not _TOKEN_ID_KEY.fullmatch(key):  # ASCII digits: str.isdigit admits "²", "５"
             raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
     return value
 

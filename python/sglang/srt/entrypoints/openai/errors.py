@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from sglang.srt.entrypoints.openai.protocol import ErrorBody, ErrorResponse
 from sglang.srt.sampling.param_types import error_of
@@ -96,6 +97,13 @@ async def _http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONRe
     return APIError(message, exc.status_code).response()
 
 
+async def _client_disconnect_handler(_: Request, exc: ClientDisconnect) -> JSONResponse:
+    # the client closed its connection while sending the body: its own doing, no fault
+    # here; the answer goes nowhere
+    logger.info("a client disconnected before its request body arrived")
+    return APIError("the client disconnected while sending the request body", 400).response()
+
+
 async def _unexpected_handler(_: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error in request")
     return APIError(f"internal error: {exc}", 500, err_type="server_error").response()
@@ -105,6 +113,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _api_error_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
+    app.add_exception_handler(ClientDisconnect, _client_disconnect_handler)
     app.add_exception_handler(Exception, _unexpected_handler)
 
 

@@ -151,7 +151,7 @@ class ChoiceFanout:
         self._closed = True
         for index, obj in enumerate(self._objs):
             if index not in self._finished:
-                self._tm.abort_request(obj.rid)
+                self._tm.abort_own_request(obj)
         for task in self._tasks:
             task.cancel()
         # A cancelled task keeps its CancelledError, whose traceback holds the task's
