@@ -107,6 +107,14 @@ def test_chat_n3_seeded_reproducible_and_distinct(client):
     assert first["usage"]["completion_tokens"] == 12
 
 
+def test_n_samples_of_the_top_seed_wrap_into_the_range(client):
+    # sample j samples with seed + j; past the top of the seed range it wraps to the bottom
+    body = chat_body(max_tokens=4, n=2, seed=(1 << 64) - 1, temperature=1.0)
+    reply = client.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    assert len(reply.json()["choices"]) == 2
+
+
 def test_chat_stop_string(client):
     start = client.post("/v1/chat/completions", json=chat_body(max_tokens=40, temperature=0))
     text = start.json()["choices"][0]["message"]["content"]

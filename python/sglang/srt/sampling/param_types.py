@@ -122,4 +122,8 @@ def _is_type_tag(part: object) -> bool:
     """pydantic names union members and wrappers in the path; they are not fields."""
     if not isinstance(part, str):
         return False
-    return part in _TYPE_TAGS or "[" in part or part.startswith(("function-", "union"))
+    return (
+        part in _TYPE_TAGS
+        or "[" in part
+        or part.startswith(("function-", "union", "constrained-"))  # constrained-str: a str with a rule
+    )

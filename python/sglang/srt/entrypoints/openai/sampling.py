@@ -8,7 +8,7 @@ from typing import Any
 from sglang.srt.constrained.base import ANY_JSON_OBJECT
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.protocol import ResponseFormat, SamplingFields
-from sglang.srt.sampling.param_types import InvalidParamError
+from sglang.srt.sampling.param_types import SEED_RANGE, InvalidParamError
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 DEFAULT_TEMPERATURE = 1.0
@@ -115,4 +115,7 @@ def for_choice(params: dict[str, Any], choice_idx: int) -> dict[str, Any]:
     yet the whole response is reproducible."""
     if "seed" not in params or choice_idx == 0:
         return params
-    return {**params, "seed": params["seed"] + choice_idx}
+    seed = params["seed"] + choice_idx
+    if seed > SEED_RANGE[1]:  # past the top of the range: wrap to the bottom, still distinct
+        seed -= 1 << 64
+    return {**params, "seed": seed}
