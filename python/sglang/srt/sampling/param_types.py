@@ -102,12 +102,28 @@ def first_error(exc: ValidationError, prefix: str = "") -> InvalidParamError:
     errors = exc.errors()
     if not errors:
         return InvalidParamError(str(exc), prefix.rstrip(".") or None)
-    return error_of(errors[0], prefix)
+    return error_of(most_telling_error(errors), prefix)
+
+
+def most_telling_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first error, or for a union field the member's error that is not a type
+    mismatch: 65 stop strings are "at most 64 items", not "Input should be a valid
+    string" (the str member's complaint)."""
+    first = errors[0]
+    field = _field_path(first)
+    for error in errors:
+        if _field_path(error)[: len(field)] == field and not error.get("type", "").endswith("_type"):
+            return error
+    return first
+
+
+def _field_path(error: dict[str, Any]) -> list[str]:
+    return [str(part) for part in error.get("loc", ()) if not _is_type_tag(part)]
 
 
 def error_of(error: dict[str, Any], prefix: str = "") -> InvalidParamError:
     """One pydantic error dict (`loc`, `msg`, `type`) as an InvalidParamError."""
-    loc = [str(part) for part in error.get("loc", ()) if not _is_type_tag(part)]
+    loc = _field_path(error)
     param = prefix + ".".join(loc) if loc else prefix.rstrip(".") or None
     message = error.get("msg", "invalid value")
     if error.get("type") == "extra_forbidden":

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from sglang.srt.entrypoints.openai.protocol import ErrorBody, ErrorResponse
-from sglang.srt.sampling.param_types import error_of
+from sglang.srt.sampling.param_types import error_of, most_telling_error
 
 logger = logging.getLogger(__name__)
 BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
@@ -79,7 +79,7 @@ def from_validation_error(exc: RequestValidationError) -> APIError:
     first = errors[0]
     if first.get("type") == "json_invalid":
         return APIError(f"malformed JSON body: {first.get('msg', '')}", code="invalid_json")
-    error = error_of(first)
+    error = error_of(most_telling_error(errors))
     return APIError(str(error), param=error.param, code="invalid_value")
 
 
