@@ -118,13 +118,15 @@ def test_n_samples_of_the_top_seed_wrap_into_the_range(client):
 @pytest.mark.parametrize("field, value, says", [
     ("stop", ["x"] * 65, "at most 64 items"),  # not the str member's "a valid string"
     ("prompt", [5, -1], "greater than or equal to 0"),
+    ("prompt", [5, 10**6], "prompt token ids must be in [0, "),
 ])  # fmt: skip
-def test_a_union_field_error_names_what_is_wrong(client, field, value, says):
+def test_a_field_error_names_what_is_wrong(client, field, value, says):
     body = {"model": "default", "prompt": "hi", "max_tokens": 2, field: value}
     reply = client.post("/v1/completions", json=body)
     assert reply.status_code == 400
     assert says in reply.json()["error"]["message"], reply.json()
     assert reply.json()["error"]["param"].split(".")[0] == field
+    assert reply.json()["error"]["code"] == "invalid_value"
 
 
 def test_chat_stop_string(client):

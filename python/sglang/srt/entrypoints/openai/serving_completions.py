@@ -81,7 +81,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
         for prompt in prompts:
             if isinstance(prompt, list) and vocab_size is not None:
                 if any(not 0 <= t < vocab_size for t in prompt):
-                    raise APIError("prompt token id out of range", param="prompt")
+                    raise APIError(f"prompt token ids must be in [0, {vocab_size})",
+                                   param="prompt", code="invalid_value")  # fmt: skip
 
     def _prompt_text(self, prompt: Prompt) -> str:
         return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
