@@ -2,7 +2,7 @@
 time each process spends per generated token.
 
     python benchmark/bench_server_overhead.py [--concurrency 1] [--num-prompts 12]
-        [--pythonpath DIR] [--port 31100] [-- server flags]
+        [--logprobs N] [--pythonpath DIR] [--port 31100] [-- server flags]
 
 Launches `python -m sglang.launch_server` (with PYTHONPATH=DIR to time another
 checkout, e.g. a `git worktree` of an older commit), runs
@@ -71,6 +71,7 @@ def bench_cmd(args: argparse.Namespace) -> list[str]:
         "--num-prompts", str(args.num_prompts), "--random-input-len", "128",
         "--random-output-len", "128", "--random-range-ratio", "1.0",
         "--request-rate", "inf", "--max-concurrency", str(args.concurrency),
+        *(["--logprobs", str(args.logprobs)] if args.logprobs is not None else []),
     ]  # fmt: skip
 
 
@@ -79,10 +80,11 @@ def figure(text: str, label: str) -> float:
     return float(match.group(1)) if match else float("nan")
 
 
-def measure(args: argparse.Namespace, env: dict[str, str], pids: dict[str, int]) -> dict:
+def measure(args: argparse.Namespace, pids: dict[str, int]) -> dict:
+    """The client is this checkout's bench_serving whatever --pythonpath the server runs."""
     before = {name: cpu_s(pid) for name, pid in pids.items()}
     client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run(bench_cmd(args), env=env, capture_output=True, text=True).stdout
+    out = subprocess.run(bench_cmd(args), capture_output=True, text=True).stdout
     client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     spent = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
     spent["client"] = (client_after.ru_utime + client_after.ru_stime) - (
@@ -107,7 +109,11 @@ def main() -> None:
     parser.add_argument("--pythonpath", default=None)
     parser.add_argument("--port", type=int, default=31100)
     parser.add_argument("--label", default="")
+    parser.add_argument("--logprobs", type=int, default=None,
+                        help="requests ask for logprobs with this many top alternatives")  # fmt: skip
     args, server_argv = parser.parse_known_args()
+    if server_argv[:1] == ["--"]:  # argparse keeps the separator
+        server_argv = server_argv[1:]
     env = dict(os.environ)
     if args.pythonpath:
         env["PYTHONPATH"] = args.pythonpath
@@ -123,7 +129,7 @@ def main() -> None:
             name = role(pid)
             if name is not None:
                 pids[name] = pid
-        res = measure(args, env, pids)
+        res = measure(args, pids)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

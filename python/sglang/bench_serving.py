@@ -104,7 +104,11 @@ def build_payload(args: argparse.Namespace, req: BenchRequest) -> tuple[str, dic
     if args.backend == "sglang":
         params = {"max_new_tokens": req.output_len, "temperature": 0.0, "ignore_eos": True}
         prompt = {"text": req.prompt} if req.input_ids is None else {"input_ids": req.input_ids}
-        return "/generate", {**prompt, "sampling_params": params, "stream": True}
+        body = {**prompt, "sampling_params": params, "stream": True}
+        if args.logprobs is not None:
+            body.update(return_logprob=True, top_logprobs_num=args.logprobs,
+                        return_text_in_logprobs=True)  # fmt: skip
+        return "/generate", body
     payload = {
         "model": args.model,
         "prompt": req.prompt,
@@ -115,6 +119,8 @@ def build_payload(args: argparse.Namespace, req: BenchRequest) -> tuple[str, dic
     }
     if not args.disable_ignore_eos:
         payload["ignore_eos"] = True
+    if args.logprobs is not None:
+        payload["logprobs"] = args.logprobs
     return "/v1/completions", payload
 
 
@@ -279,6 +285,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--disable-ignore-eos", action="store_true")
+    p.add_argument("--logprobs", type=int, default=None,
+                   help="Ask for each token's logprob and this many top alternatives.")  # fmt: skip
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--output-file", default=None, help="Append the summary as a JSON line.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 
@@ -98,6 +99,41 @@ def test_chat_logprobs(client):
         assert item.logprob <= 0 and len(item.top_logprobs) == 3
         # greedy: the chosen token is the most likely one
         assert item.logprob == pytest.approx(max(t.logprob for t in item.top_logprobs), abs=1e-4)
+
+
+def test_streamed_logprobs_grow_as_prefixes_of_the_final_ones(server, tokenizer):
+    """Each chunk of a native stream carries the logprob lists so far (kept, not rebuilt,
+    between chunks): every chunk's lists are prefixes of the last one's, which equal the
+    non-streamed answer's; each entry's text is its token's."""
+    body = {"text": "def add(a, b):", "return_logprob": True, "top_logprobs_num": 3,
+            "return_text_in_logprobs": True, "logprob_start_len": 0,
+            "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    plain = requests.post(server.base_url + "/generate", json=body, timeout=60).json()["meta_info"]
+    with requests.post(server.base_url + "/generate", json={**body, "stream": True},
+                       stream=True, timeout=60) as r:  # fmt: skip
+        metas = [json.loads(line[6:])["meta_info"] for line in r.iter_lines()
+                 if line.startswith(b"data: {")]  # fmt: skip
+    keys = ["output_token_logprobs", "output_top_logprobs", "input_token_logprobs"]
+    final = metas[-1]
+    assert len(metas) > 1 and len(final["output_token_logprobs"]) == 24
+    for meta in metas:
+        for key in keys:
+            assert meta[key] == final[key][: len(meta[key])], key
+    for key in keys:
+        got, want = _entries(final[key]), _entries(plain[key])
+        assert [e[1:] for e in got] == [e[1:] for e in want], key
+        assert [e[0] for e in got] == pytest.approx([e[0] for e in want], abs=1e-4, nan_ok=True)
+    for logprob, token_id, text in final["output_token_logprobs"]:
+        assert text == tokenizer.decode([token_id])
+
+
+def _entries(items: list) -> list:
+    """A logprob list's (logprob, id, text) entries, top lists flattened; None -> nan."""
+    flat = []
+    for item in items:
+        for entry in item if item and isinstance(item[0], list) else [item]:
+            flat.append([float("nan") if entry[0] is None else entry[0], *entry[1:]])
+    return flat
 
 
 def test_completions_prompts_and_echo(client, tokenizer):
