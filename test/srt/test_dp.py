@@ -140,6 +140,26 @@ def test_abort_and_control_reach_every_rank(tiny_llama_dir):
         assert ok, message
 
 
+def test_a_refused_weight_update_changes_no_rank(tiny_llama_dir):
+    """One rank busy, one idle: the update is refused and neither rank loads it (the
+    idle rank used to load it while the busy one refused: two models behind one name)."""
+    long = {"max_new_tokens": 400, "temperature": 0.0, "ignore_eos": True}
+    greedy = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+    with dp_engine(tiny_llama_dir, "round_robin") as llm, ThreadPoolExecutor(1) as pool:
+        run = pool.submit(llm.generate, input_ids=[10, 5, 6], sampling_params=long, rid="busy")
+        deadline = time.monotonic() + 60
+        while sum(s["num_running_reqs"] for s in llm.get_internal_state()) == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        ok, message = llm.update_weights_from_disk(str(tiny_llama_dir), load_format="dummy")
+        assert not ok and "in flight" in message
+        assert llm.abort_request("busy")
+        run.result(timeout=30)
+        outs = [llm.generate(input_ids=[7, 8, 9], sampling_params=greedy) for _ in range(2)]
+        assert outs[0]["output_ids"] == outs[1]["output_ids"]  # round robin: both ranks
+        assert {s["load_format"] for s in llm.get_server_info()["internal_states"]} == {"auto"}
+
+
 def test_dead_scheduler_of_one_rank_fails_requests_and_exits(tiny_llama_dir, tmp_path):
     """A server with dp 2: killing DP rank 1's scheduler answers the requests in flight
     within seconds, the server exits non-zero, and no process is left behind."""

@@ -90,3 +90,7 @@ def internal_error_reason(exc: BaseException) -> dict[str, Any]:
         "message": message,
         "status_code": INTERNAL_ERROR_STATUS,
     }
+
+# /update_weights_from_disk's answer while a request runs (the TokenizerManager's and
+# each scheduler's): weights change only between requests.
+UPDATE_BUSY_MESSAGE = "Cannot update weights while requests are in flight."

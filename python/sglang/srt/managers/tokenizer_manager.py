@@ -44,6 +44,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.ipc import AsyncPullEndpoint, PushEndpoint
 from sglang.srt.managers.request_errors import (
+    UPDATE_BUSY_MESSAGE,
     ServerUnavailableError,
     internal_error_reason,
     raise_if_failed,
@@ -619,9 +620,14 @@ class TokenizerManager(TokenizerEmbeddingMixin):
     async def update_weights_from_disk(
         self, model_path: str, load_format: str | None = None
     ) -> tuple[bool, str]:
+        if self.rid_to_state:  # every rank's requests pass here: refused before any loads
+            return False, UPDATE_BUSY_MESSAGE
+        previous = (self.model_path, self.config_value("load_format"))
         req = UpdateWeightFromDiskReqInput(model_path=model_path, load_format=load_format)
         outs = await self._control(req, UpdateWeightFromDiskReqOutput)
         out = _combined_update_reply(outs)
+        if not out.success and any(o.success for o in outs):
+            return False, await self._roll_back_update(previous, out.message)
         if out.success:
             fields: dict[str, Any] = {"model_path": model_path}
             if load_format is not None:
@@ -629,6 +635,19 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             self.record_config_updates("update_weights_from_disk", **fields)
             self.model_path = model_path
         return out.success, out.message
+
+    async def _roll_back_update(self, previous: tuple[str, Any], why: str) -> str:
+        """Some DP ranks loaded new weights and others refused (one still held a request
+        the scheduler had not yet dropped): load the previous weights on every rank, so
+        that all serve the same model. The failure message, saying how it ended."""
+        path, load_format = previous
+        req = UpdateWeightFromDiskReqInput(model_path=path, load_format=load_format)
+        outs = await self._control(req, UpdateWeightFromDiskReqOutput)
+        if all(o.success for o in outs):
+            return f"{why}; every DP rank serves {path} again"
+        differ = ", ".join(str(o.dp_rank) for o in outs if not o.success)
+        logger.error("weight update rolled back only in part: DP ranks %s kept %s", differ, why)
+        return f"{why}; rolling back to {path} failed on DP ranks {differ}: ranks now differ"
 
     async def aclose(self) -> None:
         """Stop the receive loop and close the sockets (call on the serving loop)."""

@@ -19,7 +19,11 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightFromDiskReqInput,
     UpdateWeightFromDiskReqOutput,
 )
-from sglang.srt.managers.request_errors import OVERLOADED_STATUS, internal_error_reason
+from sglang.srt.managers.request_errors import (
+    OVERLOADED_STATUS,
+    UPDATE_BUSY_MESSAGE,
+    internal_error_reason,
+)
 from sglang.srt.managers.schedule_batch import Req, finish_abort
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -187,7 +191,7 @@ class SchedulerRequestsMixin:
         from sglang.srt.runtime_context import get_context
 
         if not self.is_idle():
-            ok, text = False, "Cannot update weights while requests are in flight."
+            ok, text = False, UPDATE_BUSY_MESSAGE
         else:
             ok, text = self.tp_worker.update_weights_from_disk(msg.model_path, msg.load_format)
         if ok:
