@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import pytest
 
@@ -23,8 +24,31 @@ def _bare_manager() -> TokenizerManager:
     """The receive-side state only: no processes, no sockets."""
     tm = TokenizerManager.__new__(TokenizerManager)
     tm.rid_to_state, tm._dead_message = {}, None
+    tm._parent_rids = Counter()
     tm.send_to_scheduler = _Recorder()
     return tm
+
+
+def _state(rid: str, parent: str | None = None) -> ReqState:
+    return ReqState(obj=GenerateReqInput(text="x", rid=rid, parent_rid=parent), prompt_tokens=1)
+
+
+def test_a_fanned_out_request_holds_its_rid_and_abort_reaches_only_its_samples():
+    tm = _bare_manager()
+    samples = [_state("fam-0", "fam"), _state("fam-1", "fam")]
+    for state in [*samples, _state("solo-1")]:
+        tm._register(state)
+    for taken in ("fam", "fam-1", "solo-1"):  # the parent of samples in flight, or in flight
+        with pytest.raises(ValueError, match="duplicate request id"):
+            tm._register(_state(taken))
+    with pytest.raises(ValueError, match="duplicate request id 'solo-1'"):
+        tm._register(_state("solo-1-0", "solo-1"))  # a sample whose parent is a plain request
+    assert tm.abort_request("solo", with_samples=True) is False  # solo-1 is no sample of it
+    assert tm.abort_request("fam", with_samples=True) is True
+    assert [m.rid for m in tm.send_to_scheduler.sent] == ["solo", "fam", "fam-0", "fam-1"]
+    for state in samples:
+        assert tm._unregister(state) and not tm._unregister(state)
+    tm._register(_state("fam"))  # free again once the samples are done
 
 
 def test_one_malformed_output_fails_its_request_and_aborts_it():

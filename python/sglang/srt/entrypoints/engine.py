@@ -725,6 +725,7 @@ def _build_requests(
                     sampling_params=dict(for_choice(sp, k)),
                     stream=stream,
                     rid=sample_rid,
+                    parent_rid=r if n > 1 else None,
                     **options,
                 )
             )

@@ -42,6 +42,9 @@ class GenerateReqInput:
     # First prompt position whose input logprob is returned; -1 = none.
     logprob_start_len: int = -1
     return_text_in_logprobs: bool = False
+    # Set by a fan-out (n > 1, a prompt list): the whole request's rid, which
+    # abort_request(parent) reaches and a new request may not take while this runs.
+    parent_rid: str | None = None
 
     def __post_init__(self) -> None:
         if self.rid is None:
@@ -60,6 +63,7 @@ class EmbeddingReqInput:
     # OpenAI's `dimensions`: cut the vector to this many values and renormalise
     # (models that declare Matryoshka training only; see tokenizer_embedding.py)
     dimensions: int | None = None
+    parent_rid: str | None = None  # as GenerateReqInput's
 
     def __post_init__(self) -> None:
         if self.rid is None:

@@ -74,15 +74,13 @@ class TokenizerEmbeddingMixin:
         self.check_serves_embeddings()
         self._ensure_handle_loop()
         tokenized = await self._tokenize_embedding_off_loop(obj)
-        if obj.rid in self.rid_to_state:
-            raise ValueError(f"duplicate request id {obj.rid!r}")
         state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
-        self.rid_to_state[obj.rid] = state
+        self._register(state)
         self.send_to_scheduler.send(tokenized)
         try:
             await _wait_finished(state)
         finally:
-            if self.rid_to_state.pop(obj.rid, None) is not None and state.finished_reason is None:
+            if self._unregister(state) and state.finished_reason is None:
                 self.abort_request(obj.rid)
         return self._embedding_output(state)
 

@@ -18,7 +18,7 @@ import logging
 import os
 import pickle
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,6 +180,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self._init_config(ready_info or {})
         self._init_ipc()
         self.rid_to_state: dict[str, ReqState] = {}
+        self._parent_rids: Counter[str] = Counter()  # parent rid -> its samples in flight
         self._control_waiters: dict[type, deque[_ReplyCollector]] = {}
         self._config_updates: dict[str, Any] = {}
         self._dead_message: str | None = None
@@ -273,16 +274,39 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self._ensure_handle_loop()
         tokenized = await self._tokenize_off_loop(obj)
         state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
-        if obj.rid in self.rid_to_state:
-            raise ValueError(f"duplicate request id {obj.rid!r}")
-        self.rid_to_state[obj.rid] = state
+        self._register(state)
         self.send_to_scheduler.send(tokenized)
         try:
             async for out in self._wait_outputs(state):
                 yield out
         finally:
-            if self.rid_to_state.pop(obj.rid, None) is not None and state.finished_reason is None:
+            if self._unregister(state) and state.finished_reason is None:
                 self.abort_request(obj.rid)
+
+    def _register(self, state: ReqState) -> None:
+        """Track `state` under its rid; a ValueError if the rid is taken: by a request in
+        flight, as the parent of one's samples, or (for a sample) its parent by a plain
+        request, since abort_request(parent) would reach both."""
+        rid, parent = state.obj.rid, state.obj.parent_rid
+        if rid in self.rid_to_state or rid in self._parent_rids:
+            raise ValueError(f"duplicate request id {rid!r}")
+        if parent is not None and parent in self.rid_to_state:  # siblings share the parent
+            raise ValueError(f"duplicate request id {parent!r}")
+        self.rid_to_state[rid] = state
+        if parent is not None:
+            self._parent_rids[parent] += 1
+
+    def _unregister(self, state: ReqState) -> bool:
+        """Stop tracking `state`; whether it was tracked until now."""
+        if self.rid_to_state.get(state.obj.rid) is not state:
+            return False
+        del self.rid_to_state[state.obj.rid]
+        parent = state.obj.parent_rid
+        if parent is not None:
+            self._parent_rids[parent] -= 1
+            if not self._parent_rids[parent]:
+                del self._parent_rids[parent]
+        return True
 
     async def _wait_outputs(self, state: ReqState) -> AsyncIterator[dict[str, Any]]:
         # No polling: on_child_death wakes every waiting request (see _fail_all),
@@ -451,7 +475,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         was fanned out into (n > 1); returns whether any of them is in flight here.
         An abort for `rid` itself is sent even when it is not (a request that just
         left rid_to_state)."""
-        fanned = [r for r in self.rid_to_state if with_samples and _is_sample_of(r, rid)]
+        fanned = [r for r, state in self.rid_to_state.items()
+                  if with_samples and state.obj.parent_rid == rid]  # fmt: skip
         found = rid in self.rid_to_state or bool(fanned)
         if self._dead_message is None:
             for r in [rid, *fanned]:
@@ -683,11 +708,6 @@ def _combined_update_reply(outs: list[UpdateWeightFromDiskReqOutput]) -> Any:
 # ----------------------------------------------------------------------------
 # Request validation shared by the Engine and every HTTP route
 # ----------------------------------------------------------------------------
-
-
-def _is_sample_of(rid: str, parent: str) -> bool:
-    """`rid` is `<parent>-<k>`: sample k of a request fanned out for n > 1."""
-    return rid.startswith(parent + "-") and rid[len(parent) + 1 :].isdigit()
 
 
 class RequestFieldsSpec(BaseModel):

@@ -60,6 +60,15 @@ def choice_rids(request_id: str, user_rid: str | None, num_choices: int) -> list
     return [f"{base}-{i}" for i in range(num_choices)]
 
 
+def mark_samples(objs: list[Any], request_id: str, user_rid: str | None) -> list[Any]:
+    """`objs`, the choices of one request: when there are several, each names the
+    caller's rid (else the request id) as its parent, which abort_request reaches."""
+    if len(objs) > 1:
+        for obj in objs:
+            obj.parent_rid = user_rid or request_id
+    return objs
+
+
 def plan_choices(
     request_id: str,
     user_rid: str | None,

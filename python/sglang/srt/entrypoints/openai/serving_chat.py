@@ -36,6 +36,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     ChoiceStream,
     OpenAIServingBase,
     Prepared,
+    mark_samples,
     new_request_id,
     plan_choices,
 )
@@ -78,6 +79,7 @@ class OpenAIServingChat(OpenAIServingBase):
         request_id = new_request_id("chatcmpl")
         choices = plan_choices(request_id, request.rid, params, 1, request.n)
         objs = [self._generate_input(request, input_ids, p, rid) for _, p, rid in choices]
+        mark_samples(objs, request_id, request.rid)
         plan = self._output_plan(request)
         streams = [ChoiceOutputStream(plan) for _ in objs] if request.stream else []
         return ChatPrepared(

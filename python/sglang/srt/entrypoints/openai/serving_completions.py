@@ -27,6 +27,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     ChoiceStream,
     OpenAIServingBase,
     Prepared,
+    mark_samples,
     new_request_id,
     plan_choices,
     prompt_fields,
@@ -66,6 +67,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         request_id = new_request_id("cmpl")
         choices = plan_choices(request_id, request.rid, params, len(prompts), request.n)
         objs = [self._generate_input(request, prompts[i], p, rid) for i, p, rid in choices]
+        mark_samples(objs, request_id, request.rid)
         echo_texts = [self._prompt_text(p) for p in prompts] if request.echo else []
         return Prepared(request_id=request_id, objs=objs, n=request.n, echo_texts=echo_texts)
 

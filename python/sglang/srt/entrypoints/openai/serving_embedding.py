@@ -28,6 +28,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_base import (
     check_model_name,
     choice_rids,
+    mark_samples,
     new_request_id,
     prompt_fields,
 )
@@ -83,11 +84,13 @@ class OpenAIServingEmbedding:
 
     def prepare(self, request: EmbeddingRequest) -> list[EmbeddingReqInput]:
         prompts = split_inputs(request.input)
-        rids = choice_rids(new_request_id("embd"), request.rid, len(prompts))
-        return [
+        request_id = new_request_id("embd")
+        rids = choice_rids(request_id, request.rid, len(prompts))
+        objs = [
             EmbeddingReqInput(**prompt_fields(p), rid=rid, dimensions=request.dimensions)
             for p, rid in zip(prompts, rids)
         ]
+        return mark_samples(objs, request_id, request.rid)
 
     async def _collect(self, objs: list[EmbeddingReqInput]) -> list[dict[str, Any]]:
         """Every input's output; on the first failure the others are cancelled (which

@@ -19,6 +19,7 @@ from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_STATUS,
+    mark_samples,
     new_request_id,
     open_stream,
     plan_choices,
@@ -93,10 +94,12 @@ def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
         param = "text" if request.text is not None else "input_ids"
         raise APIError("the prompt list is empty", param=param, code="invalid_value")
     prompt_param = "text" if request.text is not None else "input_ids"
+    request_id = new_request_id("gen")
     choices = plan_choices(
-        new_request_id("gen"), request.rid, request.params_dict(), len(prompts), n, prompt_param
+        request_id, request.rid, request.params_dict(), len(prompts), n, prompt_param
     )
-    return [_one_input(request, prompts[i], p, rid) for i, p, rid in choices]
+    objs = [_one_input(request, prompts[i], p, rid) for i, p, rid in choices]
+    return mark_samples(objs, request_id, request.rid)
 
 
 def _one_input(
