@@ -344,7 +344,18 @@ MALFORMED = [
     ("pythonic-positional", "pythonic", '[get_weather("Paris")]'),
     ("pythonic-truncated", "pythonic", '[get_weather(city="Par'),
     ("pythonic-set", "pythonic", "[search(query={1, 2})]"),
-]
+    # a repeated key: which value was meant? (the repeated name raised inside the parser)
+    ("hermes-repeated-name", "qwen25",
+     '<tool_call>\n{"name": "get_weather", "arguments": {}, "name": "search"}\n</tool_call>'),
+    ("hermes-repeated-arguments", "qwen25",
+     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}, '
+     '"arguments": {"city": "Rome"}}\n</tool_call>'),
+    ("hermes-repeated-inner-key", "qwen25",
+     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "city": "Rome"}}\n</tool_call>'),
+    ("llama-repeated-name", "llama3", '{"name": "get_weather", "parameters": {}, "name": "search"}'),
+    ("mistral-repeated-name", "mistral",
+     '[TOOL_CALLS] [{"name": "get_weather", "arguments": {}, "name": "search"}]'),
+]  # fmt: skip
 
 
 def _whole(parser_name: str, text: str):

@@ -33,8 +33,9 @@ ARGUMENT_KEYS = ("arguments", "parameters")
 def parse_call_object(text: str, names: frozenset[str]) -> tuple[str, str] | None:
     """(name, arguments JSON text) of one call object's text; None if it is not a call."""
     try:
-        obj = json.loads(text, strict=False, parse_constant=_reject_constant)
-    except ValueError:
+        obj = json.loads(text, strict=False, parse_constant=_reject_constant,
+                         object_pairs_hook=_reject_duplicate_keys)  # fmt: skip
+    except (ValueError, RecursionError):
         return None
     return call_from_object(obj, names)
 
@@ -73,6 +74,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A call whose object repeats a key is malformed: which value would the model have
+    meant (json.loads keeps the last), and the streamed text already showed the first."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise ValueError("a key is repeated")
+    return obj
+
+
 class JsonCallReader:
     """Reads one call object; `raw` is the text it has used, starting at `{`."""
 
@@ -88,14 +98,15 @@ class JsonCallReader:
         self._args_key: str | None = None
         self._args_text = ""  # canonical arguments text read so far
         self._sent = 0  # characters of _args_text already emitted
-
+        self._keys_seen: set[str] = set()
+        self._repeated_key = False  # the object repeats a key: not a call
     @property
     def done(self) -> bool:
         return self._reader.done
 
     @property
     def failed(self) -> bool:
-        return self._reader.error is not None
+        return self._reader.error is not None or self._repeated_key
 
     def feed(self, text: str) -> tuple[list[ScanEvent], int]:
         reader_events, used = self._reader.feed(text)
@@ -134,6 +145,8 @@ class JsonCallReader:
         kind = event[0]
         if kind == "key":
             self._key = event[1]
+            self._repeated_key |= self._key in self._keys_seen
+            self._keys_seen.add(self._key)
             if self._key in ARGUMENT_KEYS and self._args_key is None:
                 self._args_key = self._key
         elif kind == "frag" and self._key == "name":
@@ -156,5 +169,8 @@ class JsonCallReader:
 
 
 def _decoded_name(canonical: str) -> str | None:
-    value = json.loads(canonical)
+    try:
+        value = json.loads(canonical)
+    except ValueError:
+        return None
     return value if isinstance(value, str) else None
