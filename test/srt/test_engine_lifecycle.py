@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
 import time
+import warnings
 
 import psutil
 import pytest
@@ -49,6 +51,12 @@ def test_killing_the_scheduler_fails_pending_requests(tiny_llama_dir):
     llm.shutdown()
     assert time.monotonic() - t0 < 15
     assert _alive(list(pids.values())) == []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="shut down"):
+            llm.generate("y", GREEDY)
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]  # a clean refusal
 
 
 def test_startup_failure_surfaces_child_message(tiny_llama_dir, tmp_path):

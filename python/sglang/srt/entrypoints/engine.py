@@ -493,14 +493,17 @@ class Engine:
         return _launch_subprocesses(server_args, placement_group)
 
     def _run(self, coro: Any) -> Any:
-        if self._closed:
-            raise RuntimeError("this Engine is shut down")
+        self._raise_if_closed(coro)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _arun(self, coro: Any) -> Any:
-        if self._closed:
-            raise RuntimeError("this Engine is shut down")
+        self._raise_if_closed(coro)
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def _raise_if_closed(self, coro: Any) -> None:
+        if self._closed:
+            coro.close()  # never to run: closed, so Python warns of no unawaited coroutine
+            raise RuntimeError("this Engine is shut down")
 
     # ------------------------------------------------------------------ generate
 
