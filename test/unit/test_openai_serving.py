@@ -260,6 +260,28 @@ def test_malformed_json_is_400(client):
     assert client.post("/v1/chat/completions", json=chat_body(max_tokens=1)).status_code == 200
 
 
+def test_body_over_the_limit_is_413_and_the_server_keeps_serving(tm):
+    mib = 1 << 20
+    filler = {"role": "user", "content": "x" * (mib + 10)}
+    big = json.dumps(chat_body(messages=[filler])).encode()
+
+    def chunked(data: bytes):  # no Content-Length: the limit is counted while reading
+        for start in range(0, len(data), 64 * 1024):
+            yield data[start : start + 64 * 1024]
+
+    with make_client(tm, max_request_body_mb=1) as client:
+        sized = client.post("/v1/chat/completions", content=big,
+                            headers={"content-type": "application/json"})  # fmt: skip
+        error = assert_error(sized, 413)
+        assert error["code"] == "request_too_large" and "1 MiB" in error["message"]
+        streamed = client.post("/generate", content=chunked(big))
+        assert assert_error(streamed, 413)["code"] == "request_too_large"
+        assert client.post("/v1/chat/completions", json=chat_body(max_tokens=1)).status_code == 200
+    with make_client(tm, max_request_body_mb=2) as client:  # the same body under a larger limit
+        error = assert_error(client.post("/v1/chat/completions", content=big), 400, "messages")
+        assert error["code"] == "context_length_exceeded"  # read and parsed whole
+
+
 def test_too_long_prompt_is_400(client, tm):
     long_text = "x" * (tm.context_len + 5)
     chat = client.post("/v1/chat/completions", json=chat_body(messages=[{"role": "user",

@@ -34,6 +34,11 @@ class ServingArgs:
         "Default: detected from the chat template.",
         choices=TOOL_CALL_PARSER_NAMES,
     )
+    max_request_body_mb: int = arg(
+        64,
+        "Largest HTTP request body accepted, in MiB; a larger one is refused with a 413 "
+        "before it is read whole (a body is parsed in memory, at several times its size).",
+    )
     skip_server_warmup: bool = arg(False, "Skip the warmup request after start.")
     allow_auto_truncate: bool = arg(
         False,

@@ -44,6 +44,7 @@ MIN_VALUES: dict[str, int | float] = {
     "context_length": 1,
     "cuda_graph_max_bs": 1,
     "num_threads": 1,
+    "max_request_body_mb": 1,
     "speculative_num_steps": 1,
     "speculative_num_draft_tokens": 1,
     "speculative_eagle_topk": 1,

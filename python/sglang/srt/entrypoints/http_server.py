@@ -30,7 +30,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from sglang import __version__
-from sglang.srt.entrypoints.openai.errors import APIError, install_error_handlers, parse_body
+from sglang.srt.entrypoints.openai.errors import (
+    BYTES_PER_MIB,
+    APIError,
+    install_error_handlers,
+    parse_body,
+)
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -345,6 +350,7 @@ def create_app(tokenizer_manager: Any) -> FastAPI:
     metrics = ServerMetrics() if get_observability().enable_metrics else None
     template = load_chat_template(serving.chat_template)
     app = FastAPI(title="SGLang-compatible server", version=__version__)
+    app.state.max_request_body_bytes = serving.max_request_body_mb * BYTES_PER_MIB
     app.state.server = ServerState(
         tokenizer_manager=tokenizer_manager,
         chat=OpenAIServingChat(tokenizer_manager, metrics, chat_template=template),

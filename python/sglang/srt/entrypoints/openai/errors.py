@@ -117,9 +117,38 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected_handler)
 
 
+BYTES_PER_MIB = 1 << 20
+
+
+def body_too_large(limit_bytes: int) -> APIError:
+    return APIError(
+        f"request body too large: the limit is {limit_bytes // BYTES_PER_MIB} MiB "
+        "(--max-request-body-mb)",
+        413,
+        code="request_too_large",
+    )
+
+
+async def read_body(raw_request: Request) -> bytes:
+    """The body, refused (413) as soon as it passes the app's `max_request_body_bytes`:
+    by its Content-Length before reading, or while reading a chunked one."""
+    limit_bytes = raw_request.app.state.max_request_body_bytes
+    declared = raw_request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit_bytes:
+        raise body_too_large(limit_bytes)
+    chunks: list[bytes] = []
+    size_bytes = 0
+    async for chunk in raw_request.stream():
+        size_bytes += len(chunk)
+        if size_bytes > limit_bytes:
+            raise body_too_large(limit_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def parse_body(raw_request: Request, model: type[BaseModelT]) -> BaseModelT:
     """The JSON body as `model`, whatever the Content-Type (curl -d sends a form type)."""
-    body = await raw_request.body()
+    body = await read_body(raw_request)
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
