@@ -7,7 +7,12 @@ from collections import Counter
 
 import pytest
 
-from sglang.srt.managers.io_struct import BatchStrOutput, GenerateReqInput
+from sglang.srt.managers.io_struct import (
+    BatchStrOutput,
+    GenerateReqInput,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightFromDiskReqOutput,
+)
 from sglang.srt.managers.request_errors import RequestFailedError, error_of_finish
 from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager
 
@@ -100,3 +105,53 @@ def test_the_abort_that_follows_a_failure_does_not_replace_its_error():
         assert bad.text == "" and bad.output_ids == []
 
     asyncio.run(run())
+
+
+def _scripted_updates(tm: TokenizerManager, replies: list[list[bool]]) -> list:
+    """`tm`'s DP ranks answer each weight update with the next row of `replies` (one
+    success flag per rank); the (model_path, load_format) of each update is recorded."""
+    sent: list = []
+
+    async def control(req: UpdateWeightFromDiskReqInput, _reply_type: type) -> list:
+        sent.append((req.model_path, req.load_format))
+        return [
+            UpdateWeightFromDiskReqOutput(ok, "loaded" if ok else "busy", dp_rank=rank)
+            for rank, ok in enumerate(replies.pop(0))
+        ]
+
+    tm._control = control
+    tm.model_path = "/old"
+    tm._base_config, tm._config_updates = {"load_format": "auto"}, {}
+    return sent
+
+
+def test_a_weight_update_only_some_dp_ranks_took_is_rolled_back_on_every_rank():
+    tm = _bare_manager()
+    sent = _scripted_updates(tm, [[True, False], [True, True]])
+    success, message = asyncio.run(tm.update_weights_from_disk("/new"))
+    assert not success and sent == [("/new", None), ("/old", "auto")]
+    assert message == "DP rank 1: busy; every DP rank serves /old again"
+    assert tm.model_path == "/old" and tm.config_value("load_format") == "auto"
+
+
+def test_a_rollback_that_fails_on_a_rank_says_the_ranks_differ():
+    tm = _bare_manager()
+    sent = _scripted_updates(tm, [[False, True], [True, False]])
+    success, message = asyncio.run(tm.update_weights_from_disk("/new", "safetensors"))
+    assert not success and sent == [("/new", "safetensors"), ("/old", "auto")]
+    assert message.endswith("rolling back to /old failed on DP ranks 1: ranks now differ")
+
+
+def test_a_weight_update_every_rank_refused_is_not_rolled_back():
+    tm = _bare_manager()
+    sent = _scripted_updates(tm, [[False, False]])
+    success, _ = asyncio.run(tm.update_weights_from_disk("/new"))
+    assert not success and sent == [("/new", None)] and tm.model_path == "/old"
+
+
+def test_a_weight_update_every_rank_took_is_recorded():
+    tm = _bare_manager()
+    sent = _scripted_updates(tm, [[True, True]])
+    assert asyncio.run(tm.update_weights_from_disk("/new", "safetensors")) == (True, "loaded")
+    assert sent == [("/new", "safetensors")] and tm.model_path == "/new"
+    assert tm.config_value("load_format") == "safetensors"
