@@ -7,6 +7,7 @@ import importlib.util
 import json
 
 import pytest
+import torch
 
 from sglang.srt.arg_groups import attention_support, resolvers
 from sglang.srt.arg_groups.attention_support import (
@@ -14,6 +15,7 @@ from sglang.srt.arg_groups.attention_support import (
     default_attention_backend,
     flashinfer_unavailable_reason,
 )
+from sglang.srt.model_executor.model_runner import ModelRunner, RunnerSettings
 from sglang.srt.server_args import ServerArgs, resolution_result
 
 _real_find_spec = importlib.util.find_spec
@@ -136,3 +138,35 @@ def test_explicit_flashinfer_on_cuda_is_accepted(gpu_packages, tmp_path):
         model_path=_checkpoint(tmp_path, "bfloat16"), device="cuda", attention_backend="flashinfer"
     ).resolve_once()
     assert resolution_result(sa, "attention_backend") == "flashinfer"
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
+def test_an_fp8_kv_cache_runs_on_cpu_and_is_refused_on_gpus(gpu_packages, tmp_path, kv):
+    path = _checkpoint(tmp_path, "bfloat16")
+    sa = ServerArgs(model_path=path, device="cpu", kv_cache_dtype=kv).resolve_once()
+    assert resolution_result(sa, "kv_cache_dtype") == kv
+    with pytest.raises(ValueError, match=rf"kv_cache_dtype='{kv}' is not accepted on cuda.*cpu only"):
+        ServerArgs(model_path=path, device="cuda", kv_cache_dtype=kv).resolve_once()
+
+
+_FP8_TORCH_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def _runner_on(device: str, kv_cache_dtype: str) -> ModelRunner:
+    """A runner with only the settings the KV dtype rule reads (no model load)."""
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.settings = RunnerSettings(
+        device=device, attention_backend=None, load_format="auto", kv_cache_dtype=kv_cache_dtype
+    )
+    runner.device = torch.device(device)
+    runner.attention_backend_name = "torch_native"
+    return runner
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
+def test_an_fp8_kv_cache_under_device_auto_is_refused_by_a_gpu_runner(kv):
+    """--device auto passes launch validation (the device is not known yet); the runner,
+    on the resolved device, refuses before it sizes a pool the GPU kernels cannot read."""
+    assert _runner_on("cpu", kv).kv_cache_dtype == _FP8_TORCH_DTYPES[kv]
+    with pytest.raises(ValueError, match=rf"kv_cache_dtype='{kv}' is not accepted on cuda"):
+        _runner_on("cuda", kv).kv_cache_dtype

@@ -334,6 +334,10 @@ def test_long_extends_window_and_logit_cap(kernels, window, cap):
         (torch.float32, torch.float16, FP32_TOL),
         (torch.bfloat16, torch.bfloat16, 2e-2),  # a bf16 model: out rounded to bf16
         (torch.float16, torch.float16, 2e-2),
+        (torch.float32, torch.float8_e4m3fn, FP32_TOL),  # --kv-cache-dtype fp8_e4m3
+        (torch.float32, torch.float8_e5m2, FP32_TOL),
+        (torch.bfloat16, torch.float8_e4m3fn, 2e-2),
+        (torch.bfloat16, torch.float8_e5m2, 2e-2),
     ],
 )
 def test_long_extends_half_precision(kernels, q_dtype, pool_dtype, tol):
@@ -440,11 +444,14 @@ def test_decode_attention_half_precision_pools(kernels, dtype, page_size, lens, 
     torch.testing.assert_close(out.view(2, hq, d).float(), expected, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "pool_dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
+)
 @pytest.mark.parametrize("lens,head_dim", [([30, 7], 64), ([700, 65], 128), ([20, 9], 48)])
 def test_float32_queries_over_a_half_precision_pool(kernels, pool_dtype, lens, head_dim):
-    """--kv-cache-dtype bfloat16/float16 under a float32 model: the new K/V are stored
-    rounded to the pool's dtype and attention reads them widened to float32."""
+    """--kv-cache-dtype bfloat16/float16/fp8_e4m3/fp8_e5m2 under a float32 model: the new
+    K/V are stored rounded to the pool's dtype and attention reads them widened to float32
+    exactly (every fp8 value, denormals included: the reference widens with torch)."""
     gen = torch.Generator().manual_seed(head_dim + len(lens))
     hq, hkv = 8, 2
     table, rows, num_slots = _page_table(lens, 1, gen)
@@ -463,6 +470,42 @@ def test_float32_queries_over_a_half_precision_pool(kernels, pool_dtype, lens, h
         q.view(-1, hq, head_dim), pool, table, rows, lens, head_dim**-0.5, 0, 0, hkv
     )
     torch.testing.assert_close(out.view(-1, hq, head_dim), expected, atol=FP32_TOL, rtol=FP32_TOL)
+
+
+@pytest.mark.parametrize("pool_dtype,largest", [(torch.float8_e4m3fn, 448.0),
+                                                (torch.float8_e5m2, 57344.0)])  # fmt: skip
+def test_an_fp8_pool_saturates_what_it_cannot_hold(kernels, pool_dtype, largest):
+    """K/V past fp8's range are stored as its largest finite value, not inf or NaN, so
+    attention over the slot stays finite; every stored byte reads back as torch widens it."""
+    hq = hkv = 1
+    d = 64
+    table = torch.arange(8, dtype=torch.int32).view(1, 8)
+    pool = torch.zeros(8, 2, hkv, d, dtype=pool_dtype)
+    q = torch.full((1, hq * d), 0.01)
+    k = torch.full((1, hkv * d), 1e6)
+    v = torch.linspace(-1e6, 1e6, d).view(1, d)
+    loc = torch.tensor([3])
+    out = torch.empty_like(q)
+    kernels.paged_attention(out, q, k, v, pool, loc, table, torch.tensor([0]), torch.tensor([4]),
+                            NO_EXT, d**-0.5, 0.0, 0, True)  # fmt: skip
+    assert torch.all(pool[3, 0].float() == largest)
+    assert pool[3, 1].float().abs().max() == largest and torch.isfinite(out).all()
+    every_byte = torch.arange(256, dtype=torch.uint8)
+    every_byte = every_byte[torch.isfinite(every_byte.view(pool_dtype).float())]
+    n = every_byte.numel() // 8 * 8  # whole rows of 8 keys
+    kv = torch.zeros(n // 8 + 1, 2, 1, 8, dtype=pool_dtype)
+    kv[1:, 1].view(torch.uint8).copy_(every_byte[:n].view(-1, 1, 8))
+    table = torch.arange(n // 8 + 1, dtype=torch.int32).view(1, -1)
+    rows = n // 8
+    for key in range(1, rows + 1):  # a one-hot score picks value row `key` exactly
+        q = torch.zeros(1, 8)
+        kv[:, 0] = 0
+        kv[key, 0] = torch.full((1, 8), 64.0).to(pool_dtype)
+        q[0, 0] = 8.0
+        out = torch.empty_like(q)
+        kernels.paged_attention(out, q, q, q, kv, torch.tensor([0]), table, torch.tensor([0]),
+                                torch.tensor([rows + 1]), NO_EXT, 1.0, 0.0, 0, False)  # fmt: skip
+        torch.testing.assert_close(out[0], kv[key, 1, 0].float(), atol=1e-30, rtol=1e-6)
 
 
 def test_a_half_precision_query_needs_its_own_pool_dtype(kernels):

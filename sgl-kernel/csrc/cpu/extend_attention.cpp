@@ -290,6 +290,10 @@ SGL_EXTEND_TILED(float, c10::BFloat16)
 SGL_EXTEND_TILED(float, c10::Half)
 SGL_EXTEND_TILED(c10::BFloat16, c10::BFloat16)
 SGL_EXTEND_TILED(c10::Half, c10::Half)
+SGL_EXTEND_TILED(float, c10::Float8_e4m3fn)
+SGL_EXTEND_TILED(float, c10::Float8_e5m2)
+SGL_EXTEND_TILED(c10::BFloat16, c10::Float8_e4m3fn)
+SGL_EXTEND_TILED(c10::BFloat16, c10::Float8_e5m2)
 #undef SGL_EXTEND_TILED
 
 #else  // the portable build: the per-token path serves every extend

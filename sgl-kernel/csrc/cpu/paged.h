@@ -2,9 +2,33 @@
 // per-token paths; extend_attention.cpp: the tiled path for long extends).
 #pragma once
 
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace sgl_cpu {
+
+// The pool dtypes of an fp8 KV cache (--kv-cache-dtype fp8_e4m3 / fp8_e5m2).
+template <typename P>
+constexpr bool kIsFp8 =
+    std::is_same_v<P, c10::Float8_e4m3fn> || std::is_same_v<P, c10::Float8_e5m2>;
+
+// x as a pool of dtype P stores it. fp8 saturates at its largest finite value (448 for
+// e4m3fn, 57344 for e5m2), as torch's cast to e4m3fn does: an overflow stored as inf or
+// NaN would poison every later attention over the slot. A NaN stays NaN.
+template <typename P, typename T>
+inline P to_pool(T x) {
+  if constexpr (kIsFp8<P>) {
+    constexpr float kMax = std::is_same_v<P, c10::Float8_e4m3fn> ? 448.f : 57344.f;
+    const float f = static_cast<float>(x);
+    return P(f > kMax ? kMax : (f < -kMax ? -kMax : f));
+  } else {
+    return static_cast<P>(x);
+  }
+}
 
 struct DecodeShape {
   int64_t q_heads, kv_heads, head_dim;

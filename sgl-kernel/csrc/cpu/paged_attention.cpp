@@ -12,14 +12,21 @@ namespace sgl_cpu {
 namespace {
 
 // Writes k, v ([T, Hkv * D], rows may be strided) into pool slots `loc`, converted to the
-// pool's dtype P.
+// pool's dtype P (to_pool: fp8 saturates).
 template <typename T, typename P>
 void write_kv(P* pool, const T* k, const T* v, const int64_t* loc, int64_t rows,
               int64_t k_stride, int64_t v_stride, int64_t slot_stride, int64_t width) {
   for (int64_t r = 0; r < rows; ++r) {
     P* slot = pool + loc[r] * slot_stride;  // [2, Hkv, D]: K then V
-    std::copy(k + r * k_stride, k + r * k_stride + width, slot);
-    std::copy(v + r * v_stride, v + r * v_stride + width, slot + width);
+    const T* k_row = k + r * k_stride;
+    const T* v_row = v + r * v_stride;
+    if constexpr (kIsFp8<P>) {
+      for (int64_t i = 0; i < width; ++i) slot[i] = to_pool<P>(k_row[i]);
+      for (int64_t i = 0; i < width; ++i) slot[width + i] = to_pool<P>(v_row[i]);
+    } else {
+      std::copy(k_row, k_row + width, slot);
+      std::copy(v_row, v_row + width, slot + width);
+    }
   }
 }
 
@@ -505,11 +512,25 @@ void run_paged_attention(const PagedCall& c, at::Tensor& out) {
   });
 }
 
+// An fp8 pool under a float32 or bfloat16 q (checked by the caller).
+void run_fp8_paged_attention(const PagedCall& c, at::Tensor& out, at::ScalarType q_type,
+                             at::ScalarType pool_type) {
+  const bool e4m3 = pool_type == at::kFloat8_e4m3fn;
+  if (q_type == at::kFloat) {
+    e4m3 ? run_paged_attention<float, c10::Float8_e4m3fn>(c, out)
+         : run_paged_attention<float, c10::Float8_e5m2>(c, out);
+  } else {
+    e4m3 ? run_paged_attention<c10::BFloat16, c10::Float8_e4m3fn>(c, out)
+         : run_paged_attention<c10::BFloat16, c10::Float8_e5m2>(c, out);
+  }
+}
+
 }  // namespace
 
 // Attention of a batch's new tokens over the paged KV pool, each causal over its own
 // request: q: [T, Hq * D]; k, v: [T, Hkv * D] (rows may be strided); kv_pool:
-// [slots, 2, Hkv, D] contiguous, of q's dtype or bf16/fp16 under a float32 q; loc: int64[T] (the new tokens' slots,
+// [slots, 2, Hkv, D] contiguous, of q's dtype, bf16/fp16 under a float32 q, or fp8 (e4m3fn,
+// e5m2) under a float32 or bf16 q; loc: int64[T] (the new tokens' slots,
 // already in req_to_token); req_to_token: int32[R, L]; req_pool_indices, seq_lens:
 // int64[bs] (seq_lens count the new tokens); extend_lens: int64[bs] new tokens per
 // request (empty: decode, one each); out: [T, Hq * D]. A token at position p sees the
@@ -524,10 +545,13 @@ void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
   TORCH_CHECK(kv_pool.dim() == 4 && kv_pool.size(1) == 2 && kv_pool.is_contiguous(),
               "kv_pool must be a contiguous [slots, 2, Hkv, D]");
   TORCH_CHECK(out.scalar_type() == q.scalar_type(), "out must have q's dtype");
-  TORCH_CHECK(kv_pool.scalar_type() == q.scalar_type() ||
-                  (q.scalar_type() == at::kFloat &&
-                   (kv_pool.scalar_type() == at::kBFloat16 || kv_pool.scalar_type() == at::kHalf)),
-              "kv_pool must have q's dtype, or be bfloat16/float16 under a float32 q");
+  const auto q_type = q.scalar_type(), pool_type = kv_pool.scalar_type();
+  const bool fp8_pool = pool_type == at::kFloat8_e4m3fn || pool_type == at::kFloat8_e5m2;
+  TORCH_CHECK(pool_type == q_type ||
+                  (q_type == at::kFloat && (pool_type == at::kBFloat16 || pool_type == at::kHalf)) ||
+                  (fp8_pool && (q_type == at::kFloat || q_type == at::kBFloat16)),
+              "kv_pool must have q's dtype, be bfloat16/float16 under a float32 q, or be "
+              "float8 (e4m3fn, e5m2) under a float32 or bfloat16 q");
   TORCH_CHECK(req_to_token.scalar_type() == at::kInt && req_to_token.stride(1) == 1,
               "req_to_token must be int32 with contiguous rows");
   const int64_t rows = q.size(0), bs = seq_lens.numel();
@@ -558,8 +582,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
   const int64_t max_extend = ext ? *std::max_element(ext, ext + bs) : 0;
   const PagedCall call{q,    k,          v,  kv_pool,    loc,    req_to_token, pool_idx, lens,
                        ext,  bs,         max_extend, places, s,  rows,         save_kv};
-  const auto q_type = q.scalar_type(), pool_type = kv_pool.scalar_type();
-  if (q_type == at::kFloat && pool_type == at::kBFloat16) {
+  if (fp8_pool) {
+    run_fp8_paged_attention(call, out, q_type, pool_type);
+  } else if (q_type == at::kFloat && pool_type == at::kBFloat16) {
     run_paged_attention<float, c10::BFloat16>(call, out);
   } else if (q_type == at::kFloat && pool_type == at::kHalf) {
     run_paged_attention<float, c10::Half>(call, out);

@@ -14,6 +14,8 @@
 #include <immintrin.h>
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
 #include <c10/util/Half.h>
 
 #include <cmath>
@@ -25,8 +27,18 @@ namespace sgl_cpu {
 // Storage types vload reads (double keeps the portable path).
 template <typename T>
 constexpr bool kHasVecLoad = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> ||
-                             std::is_same_v<T, c10::Half>;
+                             std::is_same_v<T, c10::Half> ||
+                             std::is_same_v<T, c10::Float8_e4m3fn> ||
+                             std::is_same_v<T, c10::Float8_e5m2>;
 
+// fp8 (a KV pool's --kv-cache-dtype fp8_e4m3 / fp8_e5m2) widened exactly through half
+// precision (F16C), as two or five instructions per vector:
+// - e5m2 is the upper byte of a float16 (same sign, exponent and bias);
+// - e4m3fn's byte, sign-extended to 16 bits and shifted left by 7, puts its 4 exponent
+//   and 3 mantissa bits in float16's exponent's low 4 and mantissa's top 3 bits and its
+//   sign in bit 15 (bit 14 cleared): the float16 value is the fp8 value times 2^-8
+//   (bias 15 vs 7; denormals included, largest 448 -> 1.75), undone by one multiply.
+// The pool holds no inf or NaN (writes saturate): an e4m3fn NaN would read as 480.
 #if defined(__AVX512F__)
 #define SGL_VEC_ISA "avx512"
 #if defined(__AVX512BF16__)
@@ -43,6 +55,16 @@ inline vfloat vload(const c10::BFloat16* p) {  // bf16 is float32's upper half
 }
 inline vfloat vload(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline vfloat vload(const c10::Float8_e5m2* p) {  // 16 bytes
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
+}
+inline vfloat vload(const c10::Float8_e4m3fn* p) {  // 16 bytes
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7),
+                                     _mm256_set1_epi16(int16_t(0xBFFF)));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
 }
 inline void vstore(float* p, vfloat v) { _mm512_storeu_ps(p, v); }
 // A 32-bit word holding two bf16 values (low half first): its low value (shifted into
@@ -148,6 +170,16 @@ inline vfloat vload(const c10::BFloat16* p) {
 }
 inline vfloat vload(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline vfloat vload(const c10::Float8_e5m2* p) {  // 8 bytes
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), b));
+}
+inline vfloat vload(const c10::Float8_e4m3fn* p) {  // 8 bytes
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7),
+                                  _mm_set1_epi16(int16_t(0xBFFF)));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
 }
 inline void vstore(float* p, vfloat v) { _mm256_storeu_ps(p, v); }
 // A 32-bit word holding two bf16 values (low half first): its low value (shifted into

@@ -12,7 +12,8 @@ from sglang.srt.arg_groups.arg_utils import arg
 
 ATTENTION_BACKEND_CHOICES = ("torch_native", "triton", "flashinfer")
 SAMPLING_BACKEND_CHOICES = ("pytorch", "flashinfer")
-KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
+FP8_KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", *FP8_KV_DTYPES)
 GRAMMAR_BACKEND_CHOICES = ("xgrammar", "outlines", "llguidance", "none")
 CUDA_GRAPHS_ON_CPU = "CUDA graphs exist only on CUDA devices"
 
@@ -47,10 +48,10 @@ class ExecKernelArgs:
     kv_cache_dtype: str = arg(
         "auto",
         "KV cache dtype; 'auto' follows the model dtype (on cpu, where dtype auto computes a "
-        "bf16/fp16 checkpoint in float32, K/V stay in the checkpoint's dtype).",
+        "bf16/fp16 checkpoint in float32, K/V stay in the checkpoint's dtype). fp8_e4m3 / "
+        "fp8_e5m2 (cpu only): one byte per value, twice the tokens of a bf16 cache in the "
+        "same memory; values past fp8's range saturate (no scales).",
         choices=KV_CACHE_DTYPE_CHOICES,
-        unsupported="fp8 KV cache",
-        unsupported_values=("fp8_e4m3", "fp8_e5m2"),
     )
 
 

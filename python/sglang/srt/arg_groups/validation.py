@@ -20,6 +20,7 @@ from sglang.srt.arg_groups.attention_support import (
     flashinfer_unavailable_reason,
     triton_unavailable_reason,
 )
+from sglang.srt.arg_groups.exec_ import FP8_KV_DTYPES
 from sglang.srt.arg_groups.parallel import MAX_DP_RANKS_PER_NODE
 
 logger = logging.getLogger(__name__)
@@ -214,6 +215,17 @@ def validate(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
     _check_backends(c)
     _check_speculative(c)
     _check_detokenizer_mode(c)
+    _check_fp8_kv(c)
+
+
+def _check_fp8_kv(c: Any) -> None:
+    """An fp8 KV cache is read by the CPU attention (its kernels, or torch); the GPU
+    backends (triton, flashinfer) take float16/bfloat16/float32 K/V only."""
+    if c.kv_cache_dtype in FP8_KV_DTYPES and c.device not in ("auto", "cpu"):
+        raise ValueError(
+            f"kv_cache_dtype={c.kv_cache_dtype!r} is not accepted on {c.device}: an fp8 KV "
+            "cache runs on cpu only; use auto, bfloat16 or float16"
+        )
 
 
 def _check_detokenizer_mode(c: Any) -> None:

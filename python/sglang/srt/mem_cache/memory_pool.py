@@ -10,6 +10,8 @@ import torch
 
 from sglang.srt import huge_pages
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # --kv-cache-dtype fp8_e4m3 / fp8_e5m2
+
 
 class ReqToTokenPool:
     """`req_to_token[req_idx, pos]` = KV slot of a request's token at position `pos`.
@@ -98,7 +100,15 @@ class MHATokenToKVPool:
         self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
         """loc: int64[T]; k, v: [T, num_kv_heads, head_dim]."""
-        self.kv_buffer[layer_id].index_copy_(0, loc, torch.stack((k, v), dim=1).to(self.dtype))
+        kv = torch.stack((k, v), dim=1)
+        if self.dtype in FP8_DTYPES:
+            # saturated as the CPU kernel stores them (an inf would poison the slot), and
+            # copied as bytes: index_copy_ has no float8 CPU kernel
+            largest = torch.finfo(self.dtype).max
+            kv = kv.clamp(-largest, largest).to(self.dtype).view(torch.uint8)
+            self.kv_buffer[layer_id].view(torch.uint8).index_copy_(0, loc, kv)
+            return
+        self.kv_buffer[layer_id].index_copy_(0, loc, kv.to(self.dtype))
 
     @staticmethod
     def bytes_per_token(dtype: torch.dtype, head_num: int, head_dim: int, layer_num: int) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.srt.arg_groups.exec_ import FP8_KV_DTYPES
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers import cpu_threads
 from sglang.srt.layers.attention.base_attn_backend import create_attention_backend
@@ -30,7 +31,13 @@ from sglang.srt.runtime_context import get_spec
 
 logger = logging.getLogger(__name__)
 
-_KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_KV_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
 _MAX_RUNNING_REQUESTS_CAP = 2048
 _REQ_TABLE_BUDGET = 0.1  # share of the KV budget the req_to_token table may take
 
@@ -175,6 +182,12 @@ class ModelRunner:
             raise ValueError(
                 f"kv_cache_dtype {name!r} is not supported by "
                 f"{self.attention_backend_name}; use auto, {', '.join(_KV_DTYPES)}"
+            )
+        if name in FP8_KV_DTYPES and self.device.type != "cpu":
+            # --device auto passes launch validation; the resolved device decides here.
+            raise ValueError(
+                f"kv_cache_dtype={name!r} is not accepted on {self.device.type}: an fp8 KV "
+                "cache runs on cpu only; use auto, bfloat16 or float16"
             )
         return _KV_DTYPES[name]
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from sglang.srt.layers import cpu_kernels
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.mem_cache.memory_pool import FP8_DTYPES
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -162,7 +163,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         """Decode, or an extend the kernel's per-token or tiled path takes, on CPU with
         the kernels."""
         pool = fb.token_to_kv_pool
-        if pool.dtype not in cpu_kernels.SUPPORTED_DTYPES or not cpu_kernels.serves(fb.out_cache_loc):
+        if pool.dtype not in KERNEL_POOL_DTYPES or not cpu_kernels.serves(fb.out_cache_loc):
             return False
         if fb.forward_mode.is_decode():
             return True
@@ -360,9 +361,15 @@ class TorchNativeAttnBackend(AttentionBackend):
 _NO_EXTEND_LENS = torch.empty(0, dtype=torch.int64)
 
 
+KERNEL_POOL_DTYPES = (*cpu_kernels.SUPPORTED_DTYPES, *FP8_DTYPES)
+
+
 def kernel_takes(q_dtype: torch.dtype, pool_dtype: torch.dtype) -> bool:
-    """The kernel's dtype pairs: q in the pool's dtype, or a float32 q (model) over a
-    bf16/fp16 pool (--kv-cache-dtype bfloat16/float16: half the KV bytes to read)."""
+    """The kernel's dtype pairs: q in the pool's dtype, a float32 q (model) over a
+    bf16/fp16 pool (--kv-cache-dtype bfloat16/float16: half the KV bytes to read), or a
+    float32/bf16 q over an fp8 pool (--kv-cache-dtype fp8_e4m3/fp8_e5m2: a quarter)."""
+    if pool_dtype in FP8_DTYPES:
+        return q_dtype in (torch.float32, torch.bfloat16)
     return q_dtype == pool_dtype or (
         q_dtype == torch.float32 and pool_dtype in (torch.bfloat16, torch.float16)
     )
