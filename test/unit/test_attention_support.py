@@ -152,14 +152,14 @@ def test_an_fp8_kv_cache_runs_on_cpu_and_is_refused_on_gpus(gpu_packages, tmp_pa
 _FP8_TORCH_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
-def _runner_on(device: str, kv_cache_dtype: str) -> ModelRunner:
+def _runner_on(device: str, kv_cache_dtype: str, backend: str = "torch_native") -> ModelRunner:
     """A runner with only the settings the KV dtype rule reads (no model load)."""
     runner = ModelRunner.__new__(ModelRunner)
     runner.settings = RunnerSettings(
         device=device, attention_backend=None, load_format="auto", kv_cache_dtype=kv_cache_dtype
     )
     runner.device = torch.device(device)
-    runner.attention_backend_name = "torch_native"
+    runner.attention_backend_name = backend
     return runner
 
 
@@ -170,3 +170,17 @@ def test_an_fp8_kv_cache_under_device_auto_is_refused_by_a_gpu_runner(kv):
     assert _runner_on("cpu", kv).kv_cache_dtype == _FP8_TORCH_DTYPES[kv]
     with pytest.raises(ValueError, match=rf"kv_cache_dtype='{kv}' is not accepted on cuda"):
         _runner_on("cuda", kv).kv_cache_dtype
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
+def test_an_fp8_kv_cache_is_refused_with_an_attention_backend_that_cannot_read_it(
+    gpu_packages, tmp_path, monkeypatch, kv
+):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # triton itself may run on cpu here
+    path = _checkpoint(tmp_path, "bfloat16")
+    for field in ("attention_backend", "speculative_draft_attention_backend"):
+        with pytest.raises(ValueError, match=rf"{field}='triton'.*only torch_native"):
+            ServerArgs(model_path=path, device="cpu", kv_cache_dtype=kv,
+                       **{field: "triton"}).resolve_once()
+    with pytest.raises(ValueError, match=r"attention backend 'triton'.*only torch_native"):
+        _runner_on("cpu", kv, backend="triton").kv_cache_dtype

@@ -219,13 +219,22 @@ def validate(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
 
 
 def _check_fp8_kv(c: Any) -> None:
-    """An fp8 KV cache is read by the CPU attention (its kernels, or torch); the GPU
-    backends (triton, flashinfer) take float16/bfloat16/float32 K/V only."""
-    if c.kv_cache_dtype in FP8_KV_DTYPES and c.device not in ("auto", "cpu"):
+    """An fp8 KV cache is read by the CPU torch_native attention (its kernels, or torch);
+    the triton and flashinfer backends take float16/bfloat16/float32 K/V only."""
+    if c.kv_cache_dtype not in FP8_KV_DTYPES:
+        return
+    if c.device not in ("auto", "cpu"):
         raise ValueError(
             f"kv_cache_dtype={c.kv_cache_dtype!r} is not accepted on {c.device}: an fp8 KV "
             "cache runs on cpu only; use auto, bfloat16 or float16"
         )
+    for name in ("attention_backend", "speculative_draft_attention_backend"):
+        backend = getattr(c, name)
+        if backend not in (None, "torch_native"):
+            raise ValueError(
+                f"kv_cache_dtype={c.kv_cache_dtype!r} is not accepted with "
+                f"{name}={backend!r}: only torch_native reads an fp8 KV cache"
+            )
 
 
 def _check_detokenizer_mode(c: Any) -> None:

@@ -183,13 +183,24 @@ class ModelRunner:
                 f"kv_cache_dtype {name!r} is not supported by "
                 f"{self.attention_backend_name}; use auto, {', '.join(_KV_DTYPES)}"
             )
-        if name in FP8_KV_DTYPES and self.device.type != "cpu":
-            # --device auto passes launch validation; the resolved device decides here.
+        if name in FP8_KV_DTYPES:
+            self._check_fp8_kv_runs_here(name)
+        return _KV_DTYPES[name]
+
+    def _check_fp8_kv_runs_here(self, name: str) -> None:
+        """Only the CPU torch_native attention reads fp8 K/V. Launch validation refuses
+        the rest where it can; --device auto (and a draft runner's own backend) are
+        known only here."""
+        if self.device.type != "cpu":
             raise ValueError(
                 f"kv_cache_dtype={name!r} is not accepted on {self.device.type}: an fp8 KV "
                 "cache runs on cpu only; use auto, bfloat16 or float16"
             )
-        return _KV_DTYPES[name]
+        if self.attention_backend_name != "torch_native":
+            raise ValueError(
+                f"kv_cache_dtype={name!r} is not accepted with attention backend "
+                f"{self.attention_backend_name!r}: only torch_native reads an fp8 KV cache"
+            )
 
     def _init_memory_pool(self) -> None:
         cfg = self.model_config
