@@ -42,9 +42,7 @@ class Case:
         hq, hkv, d, layers = shape
         gen = torch.Generator().manual_seed(0)
         slots = batch * kv_len + 1  # slot 0: padding
-        self.pools = [
-            torch.randn(slots, 2, hkv, d, generator=gen).to(dtype) for _ in range(layers)
-        ]
+        self.pools = [torch.randn(slots, 2, hkv, d, generator=gen).to(dtype) for _ in range(layers)]
         self.q = torch.randn(batch, hq * d, generator=gen)
         self.out = torch.empty_like(self.q)
         table = 1 + torch.arange(batch * kv_len, dtype=torch.int32).view(batch, kv_len)
@@ -67,7 +65,7 @@ class Case:
 def run(kernels, args: argparse.Namespace, shape_name: str, batch: int) -> None:
     cases = {n: Case(KV_DTYPES[n], SHAPES[shape_name], batch, args.kv_len) for n in args.kv_dtypes}
     times: dict[str, list[float]] = {n: [] for n in cases}
-    for n, case in cases.items():  # warm-up
+    for case in cases.values():  # warm-up
         case.step_s(kernels)
     for _ in range(args.rounds):
         for n, case in cases.items():

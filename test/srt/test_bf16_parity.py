@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.layers import cpu_kernels, fused_decode
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_context
 from sglang.test.hf_reference import hf_logits, hf_prompt_logprobs, load_hf_model
-from sglang.test.runner_utils import MiniReq, MiniScheduler
+from sglang.test.runner_utils import MiniReq, MiniScheduler, greedy_on_kernel_and_torch
 
 MAX_LOGPROB_ERR, MEAN_LOGPROB_ERR = 0.1, 0.02
 NEAR_TIE_LOGPROB = 0.1
@@ -90,17 +89,7 @@ def test_float32_model_over_a_bf16_kv_pool(tiny_model_dir, monkeypatch):
     ):
         worker = TpModelWorker(ModelConfig(model_dir, dtype="float32"))
     assert worker.model_runner.token_to_kv_pool.dtype == torch.bfloat16
-    kernels = cpu_kernels.load()
-    calls = []
-    real = kernels.paged_attention
-    monkeypatch.setattr(kernels, "paged_attention", lambda *a: calls.append(1) or real(*a))
-    real_layer = fused_decode.run_layer  # the fused layers call the kernel from C++
-    monkeypatch.setattr(fused_decode, "run_layer", lambda *a: calls.append(1) or real_layer(*a))
     prompts = [[5 + i, 17, 33 + 2 * i, 9, 41, 12 + i] * 4 for i in range(3)]
-    sched = MiniScheduler(worker)
-    with_kernel = sched.generate([MiniReq(list(p)) for p in prompts], GREEDY_TOKENS)
-    assert calls, "decode did not take the kernel"
-    with cpu_kernels.disabled():
-        torch_path = sched.generate([MiniReq(list(p)) for p in prompts], GREEDY_TOKENS)
+    with_kernel, torch_path = greedy_on_kernel_and_torch(worker, prompts, GREEDY_TOKENS, monkeypatch)
     assert with_kernel == torch_path
     worker.token_to_kv_pool_allocator.check_integrity()

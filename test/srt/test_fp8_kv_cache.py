@@ -20,12 +20,11 @@ from tokenizers import Tokenizer
 
 from sglang.demo_models import demo_target_path
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.layers import cpu_kernels, fused_decode
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.runtime_context import get_context
 from sglang.test.hf_reference import hf_logits, load_hf_model
-from sglang.test.runner_utils import MiniReq, MiniScheduler
+from sglang.test.runner_utils import MiniReq, MiniScheduler, greedy_on_kernel_and_torch
 
 GREEDY_TOKENS = 48
 # measured: max gap 0.026 (e4m3) / 0.051 (e5m2); HF's first is ours at 99.3% / 98.3% of steps
@@ -87,15 +86,7 @@ def test_greedy_decode_agrees_with_hf_float32_up_to_the_fp8_gap(worker, hf, prom
 
 
 def test_the_kernel_and_the_torch_path_read_the_pool_alike(worker, prompts, monkeypatch):
-    kernels = cpu_kernels.load()
-    calls = []
-    real = kernels.paged_attention
-    monkeypatch.setattr(kernels, "paged_attention", lambda *a: calls.append(1) or real(*a))
-    real_layer = fused_decode.run_layer  # the fused layers call the kernel from C++
-    monkeypatch.setattr(fused_decode, "run_layer", lambda *a: calls.append(1) or real_layer(*a))
-    sched = MiniScheduler(worker)
-    with_kernel = sched.generate([MiniReq(list(p)) for p in prompts], GREEDY_TOKENS)
-    assert calls, "decode did not take the kernel"
-    with cpu_kernels.disabled():
-        torch_path = sched.generate([MiniReq(list(p)) for p in prompts], GREEDY_TOKENS)
+    with_kernel, torch_path = greedy_on_kernel_and_torch(
+        worker, prompts, GREEDY_TOKENS, monkeypatch
+    )
     assert with_kernel == torch_path

@@ -12,7 +12,6 @@ once with the fused path off; and which layers the C++ layer refuses (MoE, TP > 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers import cpu_kernels, fused_decode

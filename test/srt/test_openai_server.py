@@ -123,7 +123,7 @@ def test_streamed_logprobs_grow_as_prefixes_of_the_final_ones(server, tokenizer)
         got, want = _entries(final[key]), _entries(plain[key])
         assert [e[1:] for e in got] == [e[1:] for e in want], key
         assert [e[0] for e in got] == pytest.approx([e[0] for e in want], abs=1e-4, nan_ok=True)
-    for logprob, token_id, text in final["output_token_logprobs"]:
+    for _logprob, token_id, text in final["output_token_logprobs"]:
         assert text == tokenizer.decode([token_id])
 
 

@@ -145,7 +145,9 @@ def test_an_fp8_kv_cache_runs_on_cpu_and_is_refused_on_gpus(gpu_packages, tmp_pa
     path = _checkpoint(tmp_path, "bfloat16")
     sa = ServerArgs(model_path=path, device="cpu", kv_cache_dtype=kv).resolve_once()
     assert resolution_result(sa, "kv_cache_dtype") == kv
-    with pytest.raises(ValueError, match=rf"kv_cache_dtype='{kv}' is not accepted on cuda.*cpu only"):
+    with pytest.raises(
+        ValueError, match=rf"kv_cache_dtype='{kv}' is not accepted on cuda.*cpu only"
+    ):
         ServerArgs(model_path=path, device="cuda", kv_cache_dtype=kv).resolve_once()
 
 
@@ -169,7 +171,7 @@ def test_an_fp8_kv_cache_under_device_auto_is_refused_by_a_gpu_runner(kv):
     on the resolved device, refuses before it sizes a pool the GPU kernels cannot read."""
     assert _runner_on("cpu", kv).kv_cache_dtype == _FP8_TORCH_DTYPES[kv]
     with pytest.raises(ValueError, match=rf"kv_cache_dtype='{kv}' is not accepted on cuda"):
-        _runner_on("cuda", kv).kv_cache_dtype
+        _ = _runner_on("cuda", kv).kv_cache_dtype
 
 
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
@@ -180,7 +182,8 @@ def test_an_fp8_kv_cache_is_refused_with_an_attention_backend_that_cannot_read_i
     path = _checkpoint(tmp_path, "bfloat16")
     for field in ("attention_backend", "speculative_draft_attention_backend"):
         with pytest.raises(ValueError, match=rf"{field}='triton'.*only torch_native"):
-            ServerArgs(model_path=path, device="cpu", kv_cache_dtype=kv,
-                       **{field: "triton"}).resolve_once()
+            ServerArgs(
+                model_path=path, device="cpu", kv_cache_dtype=kv, **{field: "triton"}
+            ).resolve_once()
     with pytest.raises(ValueError, match=r"attention backend 'triton'.*only torch_native"):
-        _runner_on("cpu", kv, backend="triton").kv_cache_dtype
+        _ = _runner_on("cpu", kv, backend="triton").kv_cache_dtype

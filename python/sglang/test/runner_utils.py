@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang.srt.layers import cpu_kernels, fused_decode
 from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
     GenerationBatchResult,
@@ -158,3 +159,24 @@ class MiniScheduler:
         outputs = [list(r.output_ids) for r in reqs]
         self.release(reqs)
         return outputs
+
+
+def greedy_on_kernel_and_torch(
+    worker, prompts: list[list[int]], max_new_tokens: int, monkeypatch
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Greedy outputs of `prompts` decoded by the CPU kernels, then with them disabled
+    (the torch path over the same pool). Asserts decode reached the kernel: the paged
+    attention op itself, or a fused C++ layer, which calls it."""
+    kernels = cpu_kernels.load()
+    calls = []
+    real_attention, real_layer = kernels.paged_attention, fused_decode.run_layer
+    monkeypatch.setattr(
+        kernels, "paged_attention", lambda *a: calls.append(1) or real_attention(*a)
+    )
+    monkeypatch.setattr(fused_decode, "run_layer", lambda *a: calls.append(1) or real_layer(*a))
+    sched = MiniScheduler(worker)
+    with_kernel = sched.generate([MiniReq(list(p)) for p in prompts], max_new_tokens)
+    assert calls, "decode did not take the kernel"
+    with cpu_kernels.disabled():
+        torch_path = sched.generate([MiniReq(list(p)) for p in prompts], max_new_tokens)
+    return with_kernel, torch_path
