@@ -296,3 +296,19 @@ def test_greedy_chat_equals_engine_generate(client, tiny_llama_dir, tokenizer):
     with sgl.Engine(model_path=str(tiny_llama_dir), max_total_tokens=4096, num_threads=1,
                     log_level="warning") as engine:  # fmt: skip
         assert engine.generate(prompt, params)["text"] == chat_text
+
+
+def test_tokenize_counts_what_a_completion_is_charged(server, client, tokenizer):
+    text = "The quick brown fox jumps over the lazy dog."
+    url = server.base_url
+    got = requests.post(f"{url}/v1/tokenize", json={"model": "tiny", "prompt": text}).json()
+    assert got["tokens"] == tokenizer.encode(text) and got["max_model_len"] > 0
+    usage = client.completions.create(model="tiny", prompt=text, max_tokens=1).usage
+    assert got["count"] == usage.prompt_tokens
+    bare = requests.post(f"{url}/tokenize", json={"prompt": [text], "add_special_tokens": False})
+    assert bare.json()["tokens"] == [tokenizer.encode(text, add_special_tokens=False)]
+    ids = got["tokens"] + [tokenizer.eos_token_id]  # a special token: skipped by default
+    default = requests.post(f"{url}/v1/detokenize", json={"tokens": ids}).json()["text"]
+    kept = requests.post(f"{url}/detokenize", json={"tokens": [ids], "skip_special_tokens": False})
+    assert default == text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert kept.json()["text"] == [text + tokenizer.eos_token]

@@ -34,8 +34,8 @@ class FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) % VOCAB_SIZE for c in text]
 
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids)  # no special tokens
 
     def apply_chat_template(self, messages, chat_template=None, tokenize=False,
                             add_generation_prompt=True, continue_final_message=False, **_):  # fmt: skip

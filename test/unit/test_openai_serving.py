@@ -580,3 +580,50 @@ def test_constraints_reach_the_sampling_params(client, tm, extra, expected):
         constraint = {k: params[k] for k in ("json_schema", "regex", "ebnf", "structural_tag")
                       if k in params}  # fmt: skip
         assert constraint == expected, route
+
+
+# --- /v1/tokenize, /v1/detokenize -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix", ["/v1", ""])
+def test_tokenize_and_detokenize_round_trip(client, prefix):
+    one = client.post(f"{prefix}/tokenize", json={"model": MODEL, "prompt": "hi there"}).json()
+    assert one == {"tokens": [ord(c) for c in "hi there"], "count": 8, "max_model_len": 256}
+    many = client.post(f"{prefix}/tokenize", json={"prompt": ["ab", "", "c"]}).json()
+    assert many["tokens"] == [[97, 98], [], [99]] and many["count"] == [2, 0, 1]
+    text = client.post(f"{prefix}/detokenize", json={"tokens": one["tokens"]}).json()
+    assert text == {"text": "hi there"}
+    texts = client.post(f"{prefix}/detokenize", json={"tokens": many["tokens"]}).json()
+    assert texts == {"text": ["ab", "", "c"]}
+    assert client.post(f"{prefix}/detokenize", json={"tokens": []}).json() == {"text": ""}
+
+
+@pytest.mark.parametrize(
+    "route, body, status, param",
+    [
+        ("/v1/tokenize", {"model": "other", "prompt": "x"}, 404, "model"),
+        ("/v1/tokenize", {"prompt": 5}, 400, "prompt"),
+        ("/v1/tokenize", {"prompt": ["x", 5]}, 400, "prompt"),
+        ("/v1/tokenize", {}, 400, "prompt"),
+        ("/v1/tokenize", {"prompt": "x", "add_special_tokens": "no"}, 400, "add_special_tokens"),
+        ("/v1/tokenize", {"prompt": ["x"] * 2049}, 400, "prompt"),
+        ("/v1/detokenize", {"tokens": [1, 256]}, 400, "tokens"),
+        ("/v1/detokenize", {"tokens": [[1], [2, 999]]}, 400, "tokens"),
+        ("/v1/detokenize", {"tokens": [-1]}, 400, "tokens"),
+        ("/v1/detokenize", {"tokens": ["1"]}, 400, "tokens"),
+        ("/v1/detokenize", {"tokens": [1, [2]]}, 400, "tokens"),
+        ("/detokenize", {"tokens": [[1]] * 2049}, 400, "tokens"),
+    ],
+)
+def test_tokenize_routes_refuse_bad_input_and_keep_serving(client, route, body, status, param):
+    error = assert_error(client.post(route, json=body), status)
+    assert error["param"] is not None and error["param"].split(".")[0] == param
+    assert client.post("/v1/tokenize", json={"prompt": "ok"}).json()["count"] == 2
+
+
+def test_tokenize_without_a_tokenizer_is_400(tm):
+    tm.tokenizer = None  # --skip-tokenizer-init
+    with make_client(tm) as client:
+        error = assert_error(client.post("/v1/tokenize", json={"prompt": "x"}), 400, "model")
+        assert "--skip-tokenizer-init" in error["message"]
+        assert_error(client.post("/detokenize", json={"tokens": [1]}), 400, "model")

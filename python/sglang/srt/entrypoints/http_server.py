@@ -39,15 +39,20 @@ from sglang.srt.entrypoints.openai.errors import (
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
     EmbeddingRequest,
     ModelCard,
     ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 from sglang.srt.entrypoints.openai.serving_base import MODEL_ALIASES
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from sglang.srt.entrypoints.openai.serving_native import GenerateRequest, NativeServing
+from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingTokenize
 from sglang.srt.entrypoints.openapi_bodies import install_body_schemas
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
@@ -86,6 +91,7 @@ class ServerState:
     completion: OpenAIServingCompletion
     native: NativeServing
     embedding: OpenAIServingEmbedding
+    tokenize: OpenAIServingTokenize
     metrics: ServerMetrics | None = None
     status: ServerStatus = ServerStatus.STARTING
     exit_code: int = 0
@@ -145,6 +151,29 @@ async def completions(raw_request: Request) -> Response:
 async def embeddings(raw_request: Request) -> Response:
     request = await parse_body(raw_request, EmbeddingRequest)
     return await server_state(raw_request).embedding.handle(request, raw_request)
+
+
+# One route per path: each gets its own OpenAPI operationId.
+@router.post("/v1/tokenize")
+async def tokenize(raw_request: Request) -> TokenizeResponse:
+    request = await parse_body(raw_request, TokenizeRequest)
+    return await server_state(raw_request).tokenize.tokenize(request)
+
+
+@router.post("/tokenize")
+async def tokenize_native(raw_request: Request) -> TokenizeResponse:
+    return await tokenize(raw_request)
+
+
+@router.post("/v1/detokenize")
+async def detokenize(raw_request: Request) -> DetokenizeResponse:
+    request = await parse_body(raw_request, DetokenizeRequest)
+    return await server_state(raw_request).tokenize.detokenize(request)
+
+
+@router.post("/detokenize")
+async def detokenize_native(raw_request: Request) -> DetokenizeResponse:
+    return await detokenize(raw_request)
 
 
 @router.post("/generate")
@@ -337,6 +366,10 @@ POST_BODIES: dict[str, type[BaseModel]] = {
     "/v1/completions": CompletionRequest,
     "/generate": GenerateRequest,
     "/v1/embeddings": EmbeddingRequest,
+    "/v1/tokenize": TokenizeRequest,
+    "/tokenize": TokenizeRequest,
+    "/v1/detokenize": DetokenizeRequest,
+    "/detokenize": DetokenizeRequest,
     "/abort_request": AbortRequestBody,
     "/update_weights_from_disk": UpdateWeightsBody,
 }
@@ -357,6 +390,7 @@ def create_app(tokenizer_manager: Any) -> FastAPI:
         completion=OpenAIServingCompletion(tokenizer_manager, metrics),
         native=NativeServing(tokenizer_manager, metrics),
         embedding=OpenAIServingEmbedding(tokenizer_manager),
+        tokenize=OpenAIServingTokenize(tokenizer_manager),
         metrics=metrics,
     )
     install_error_handlers(app)

@@ -387,6 +387,35 @@ class EmbeddingResponse(BaseModel):
     usage: EmbeddingUsage
 
 
+# --- /v1/tokenize, /v1/detokenize (SGLang's, and vLLM's, helper routes) --------------------
+
+MAX_TOKENIZE_PROMPTS = 2048  # texts (or id lists) per request, as for embeddings
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: strict(str) = "default"
+    prompt: strict(str) | list[strict(str)] = Field(union_mode="left_to_right")
+    add_special_tokens: Flag = True
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int] | list[list[int]]
+    count: int | list[int]
+    max_model_len: int  # the served context length
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: strict(str) = "default"
+    tokens: list[NonNegInt] | list[list[NonNegInt]] = Field(union_mode="left_to_right")
+    skip_special_tokens: Flag = True
+
+
+class DetokenizeResponse(BaseModel):
+    text: str | list[str]
+
+
 # --- /v1/models ----------------------------------------------------------------------------
 
 
