@@ -91,6 +91,8 @@ _MAX_PAD_WASTE = 2.0
 # the build has it (`extend_tiled`: the vector build, head_dim a multiple of its vector
 # width), else SDPA
 _KERNEL_MAX_EXTEND = 16
+# Pool dtypes the CPU kernels read (each with the q dtypes of kernel_takes)
+KERNEL_POOL_DTYPES = (*cpu_kernels.SUPPORTED_DTYPES, *FP8_DTYPES)
 # Decode gathers K/V for this many bytes of requests at a time: attention then reads the
 # gathered copy from cache instead of memory (about 20% faster on CPU at batch 64).
 # Requests are taken in length order, so each chunk pads only to its own longest
@@ -359,9 +361,6 @@ class TorchNativeAttnBackend(AttentionBackend):
 
 
 _NO_EXTEND_LENS = torch.empty(0, dtype=torch.int64)
-
-
-KERNEL_POOL_DTYPES = (*cpu_kernels.SUPPORTED_DTYPES, *FP8_DTYPES)
 
 
 def kernel_takes(q_dtype: torch.dtype, pool_dtype: torch.dtype) -> bool:
