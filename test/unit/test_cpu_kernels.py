@@ -929,3 +929,31 @@ def test_bf16_stores_round_as_torch_does(kernels):
     nan = want.isnan()
     assert torch.equal(residual.isnan(), nan)
     assert torch.equal(residual.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("lens,head_dim", [([30, 7, 300], 64), ([90, 5], 128)])
+def test_an_fp8_pool_attends_exactly_as_a_float32_pool_of_its_values(
+    kernels, pool_dtype, lens, head_dim
+):
+    """Decode over fp8 K/V reads them widened exactly (on the vector build e4m3's
+    re-biasing is folded into the score scale and the output, a power of two): the same
+    bits out as a float32 pool holding the widened values. (The portable loops may fuse
+    the value accumulation into FMAs differently per pool type: equal within rounding.)"""
+    gen = torch.Generator().manual_seed(head_dim + len(lens))
+    hq, hkv = 8, 2
+    table, rows, num_slots = _page_table(lens, 1, gen)
+    fp8 = (torch.randn(num_slots, 2, hkv, head_dim, generator=gen) * 3).to(pool_dtype)
+    q = torch.randn(len(lens), hq * head_dim, generator=gen)
+    outs = []
+    for pool in (fp8, fp8.float()):
+        out = q.new_empty(len(lens), hq * head_dim)
+        kernels.paged_attention(
+            out, q, q, q, pool, torch.zeros(len(lens), dtype=torch.int64), table,
+            torch.tensor(rows), torch.tensor(lens), NO_EXT, head_dim**-0.5, 0.0, 0, False,
+        )  # fmt: skip
+        outs.append(out)
+    if kernels.vector_isa == "scalar":
+        torch.testing.assert_close(outs[0], outs[1], atol=FP32_TOL, rtol=FP32_TOL)
+    else:
+        assert torch.equal(outs[0], outs[1])

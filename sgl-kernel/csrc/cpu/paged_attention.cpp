@@ -181,7 +181,7 @@ inline void scores4_heads(const float* qf, const T* const* keys, int64_t h, int6
     vfloat qv[G];
     for (int g = 0; g < G; ++g) qv[g] = vload(qf + (qh0 + g) * d + i * kVecWidth);
     for (int64_t kk = 0; kk < kKeysPerStep; ++kk) {
-      const vfloat kv = vload(keys[kk] + h * d + i * kVecWidth);
+      const vfloat kv = vload_unscaled(keys[kk] + h * d + i * kVecWidth);
       for (int g = 0; g < G; ++g) sum[g][kk] = vfma(kv, qv[g], sum[g][kk]);
     }
   }
@@ -230,7 +230,7 @@ inline void accumulate4_heads(const T* const* values, int64_t h, int64_t qh0,
     vfloat a[G];
     for (int g = 0; g < G; ++g) a[g] = vload(acc + (qh0 + g) * d + i * kVecWidth);
     for (int64_t kk = 0; kk < kKeysPerStep; ++kk) {
-      const vfloat v = vload(values[kk] + h * d + i * kVecWidth);
+      const vfloat v = vload_unscaled(values[kk] + h * d + i * kVecWidth);
       for (int g = 0; g < G; ++g) a[g] = vfma(p[g][kk], v, a[g]);
     }
     for (int g = 0; g < G; ++g) vstore(acc + (qh0 + g) * d + i * kVecWidth, a[g]);
@@ -280,7 +280,7 @@ inline void accumulate_block_heads(const T* pool, const int32_t* slots, int64_t 
     for (int64_t j = 0; j < n; ++j) {
       const T* value = pool + int64_t(slots[j]) * s.slot_stride + offset + i0 * kVecWidth;
       vfloat v[kAccVecs];
-      for (int64_t ii = 0; ii < kAccVecs; ++ii) v[ii] = vload(value + ii * kVecWidth);
+      for (int64_t ii = 0; ii < kAccVecs; ++ii) v[ii] = vload_unscaled(value + ii * kVecWidth);
       for (int g = 0; g < G; ++g) {
         const vfloat p = vset1(probs[(qh0 + g) * kKeyBlock + j]);
         for (int64_t ii = 0; ii < kAccVecs; ++ii) a[g][ii] = vfma(p, v[ii], a[g][ii]);
@@ -297,7 +297,11 @@ inline void accumulate_block_heads(const T* pool, const int32_t* slots, int64_t 
 // NVEC: head_dim / kVecWidth when known at compile time (rows stay in registers), else 0.
 template <typename T, int64_t NVEC>
 void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int64_t n,
-                      const DecodeShape& s, Partial part) {
+                      const DecodeShape& shape, Partial part) {
+  // K and V are read unscaled (vload_unscaled): their unit goes into the score scale
+  // here and into acc at the end
+  DecodeShape s = shape;
+  s.scale *= kPoolUnit<T>;
   const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
   const int64_t nvec = NVEC > 0 ? NVEC : d / kVecWidth;
   const int64_t width = s.kv_heads * d;
@@ -316,7 +320,7 @@ void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int6
     for (; jj < bn; ++jj) {
       const T* key = pool + int64_t(slots[b0 + jj]) * s.slot_stride;
       for (int64_t h = 0; h < s.kv_heads; ++h) {
-        for (int64_t i = 0; i < nvec; ++i) row[i] = vload(key + h * d + i * kVecWidth);
+        for (int64_t i = 0; i < nvec; ++i) row[i] = vload_unscaled(key + h * d + i * kVecWidth);
         for (int64_t g = 0; g < group; ++g) {
           const float* qg = qf + (h * group + g) * d;
           vfloat sum = vmul(row[0], vload(qg));
@@ -363,7 +367,7 @@ void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int6
     for (; jj < bn; ++jj) {
       const T* value = pool + int64_t(slots[b0 + jj]) * s.slot_stride + width;
       for (int64_t h = 0; h < s.kv_heads; ++h) {
-        for (int64_t i = 0; i < nvec; ++i) row[i] = vload(value + h * d + i * kVecWidth);
+        for (int64_t i = 0; i < nvec; ++i) row[i] = vload_unscaled(value + h * d + i * kVecWidth);
         for (int64_t g = 0; g < group; ++g) {
           const int64_t qh = h * group + g;
           const vfloat p = vset1(scores[qh * kKeyBlock + jj]);
@@ -373,6 +377,12 @@ void attend_range_vec(const float* qf, const T* pool, const int32_t* slots, int6
           }
         }
       }
+    }
+  }
+  if constexpr (kPoolUnit<T> != 1.f) {
+    const vfloat unit = vset1(kPoolUnit<T>);
+    for (int64_t i = 0; i < s.q_heads * d; i += kVecWidth) {
+      vstore(part.acc + i, vmul(unit, vload(part.acc + i)));
     }
   }
 }

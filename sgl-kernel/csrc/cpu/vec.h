@@ -37,7 +37,8 @@ constexpr bool kHasVecLoad = std::is_same_v<T, float> || std::is_same_v<T, c10::
 // - e4m3fn's byte, sign-extended to 16 bits and shifted left by 7, puts its 4 exponent
 //   and 3 mantissa bits in float16's exponent's low 4 and mantissa's top 3 bits and its
 //   sign in bit 15 (bit 14 cleared): the float16 value is the fp8 value times 2^-8
-//   (bias 15 vs 7; denormals included, largest 448 -> 1.75), undone by one multiply.
+//   (bias 15 vs 7; denormals included, largest 448 -> 1.75), undone by one multiply
+//   (or by the caller: vload_unscaled, kPoolUnit below).
 // The pool holds no inf or NaN (writes saturate): an e4m3fn NaN would read as 480.
 #if defined(__AVX512F__)
 #define SGL_VEC_ISA "avx512"
@@ -60,11 +61,14 @@ inline vfloat vload(const c10::Float8_e5m2* p) {  // 16 bytes
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
 }
-inline vfloat vload(const c10::Float8_e4m3fn* p) {  // 16 bytes
+inline vfloat vload_unscaled(const c10::Float8_e4m3fn* p) {  // 16 bytes, x 2^-8
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7),
                                      _mm256_set1_epi16(int16_t(0xBFFF)));
-  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
+  return _mm512_cvtph_ps(h);
+}
+inline vfloat vload(const c10::Float8_e4m3fn* p) {
+  return _mm512_mul_ps(vload_unscaled(p), _mm512_set1_ps(256.f));
 }
 inline void vstore(float* p, vfloat v) { _mm512_storeu_ps(p, v); }
 // A 32-bit word holding two bf16 values (low half first): its low value (shifted into
@@ -175,11 +179,14 @@ inline vfloat vload(const c10::Float8_e5m2* p) {  // 8 bytes
   const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   return _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), b));
 }
-inline vfloat vload(const c10::Float8_e4m3fn* p) {  // 8 bytes
+inline vfloat vload_unscaled(const c10::Float8_e4m3fn* p) {  // 8 bytes, x 2^-8
   const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7),
                                   _mm_set1_epi16(int16_t(0xBFFF)));
-  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+  return _mm256_cvtph_ps(h);
+}
+inline vfloat vload(const c10::Float8_e4m3fn* p) {
+  return _mm256_mul_ps(vload_unscaled(p), _mm256_set1_ps(256.f));
 }
 inline void vstore(float* p, vfloat v) { _mm256_storeu_ps(p, v); }
 // A 32-bit word holding two bf16 values (low half first): its low value (shifted into
@@ -333,6 +340,17 @@ inline vfloat vround(vfloat v) {
     return vload(tmp);
   }
 }
+
+// A pool value as the decode attention reads it: vload's, except e4m3fn's, left at 2^-8
+// of its value (vload_unscaled above, the re-biasing multiply dropped); kPoolUnit<P> is
+// the factor the caller applies once instead (to the score scale and the output). Powers
+// of two scale every product and sum exactly, so the results are vload's, bit for bit.
+template <typename P>
+inline vfloat vload_unscaled(const P* p) {
+  return vload(p);
+}
+template <typename P>
+constexpr float kPoolUnit = std::is_same_v<P, c10::Float8_e4m3fn> ? 256.f : 1.f;
 
 // exp lane by lane: exp_f32's algorithm (Cephes, common.h).
 inline vfloat vexp(vfloat x) {
