@@ -153,27 +153,18 @@ async def embeddings(raw_request: Request) -> Response:
     return await server_state(raw_request).embedding.handle(request, raw_request)
 
 
-# One route per path: each gets its own OpenAPI operationId.
 @router.post("/v1/tokenize")
+@router.post("/tokenize")
 async def tokenize(raw_request: Request) -> TokenizeResponse:
     request = await parse_body(raw_request, TokenizeRequest)
     return await server_state(raw_request).tokenize.tokenize(request)
 
 
-@router.post("/tokenize")
-async def tokenize_native(raw_request: Request) -> TokenizeResponse:
-    return await tokenize(raw_request)
-
-
 @router.post("/v1/detokenize")
+@router.post("/detokenize")
 async def detokenize(raw_request: Request) -> DetokenizeResponse:
     request = await parse_body(raw_request, DetokenizeRequest)
     return await server_state(raw_request).tokenize.detokenize(request)
-
-
-@router.post("/detokenize")
-async def detokenize_native(raw_request: Request) -> DetokenizeResponse:
-    return await detokenize(raw_request)
 
 
 @router.post("/generate")

@@ -389,9 +389,6 @@ class EmbeddingResponse(BaseModel):
 
 # --- /v1/tokenize, /v1/detokenize (SGLang's, and vLLM's, helper routes) --------------------
 
-MAX_TOKENIZE_PROMPTS = 2048  # texts (or id lists) per request, as for embeddings
-
-
 class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: strict(str) = "default"

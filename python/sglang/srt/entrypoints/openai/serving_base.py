@@ -40,12 +40,24 @@ CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request"; nobody reads it
 MODEL_ALIASES = ("default",)
 # prompts x n of one HTTP request: each is a concurrent generation (docs/api.md "Limits")
 MAX_CHOICES_PER_REQUEST = 1024
+# inputs of one /v1/embeddings (OpenAI's limit) or /v1/tokenize, /v1/detokenize request
+MAX_INPUTS_PER_REQUEST = 2048
 
 
 def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
     if isinstance(payload, BaseModel):
         payload = payload.model_dump(exclude_none=False)
     return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def check_input_count(count: int, param: str) -> None:
+    """400 naming `param` when a request carries more than MAX_INPUTS_PER_REQUEST inputs."""
+    if count > MAX_INPUTS_PER_REQUEST:
+        raise APIError(
+            f"{count} inputs; one request may carry at most {MAX_INPUTS_PER_REQUEST}",
+            param=param,
+            code="invalid_value",
+        )
 
 
 def new_request_id(prefix: str) -> str:

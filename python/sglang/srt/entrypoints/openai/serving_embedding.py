@@ -26,6 +26,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     EmbeddingUsage,
 )
 from sglang.srt.entrypoints.openai.serving_base import (
+    check_input_count,
     check_model_name,
     choice_rids,
     mark_samples,
@@ -34,8 +35,6 @@ from sglang.srt.entrypoints.openai.serving_base import (
 )
 from sglang.srt.managers.io_struct import EmbeddingReqInput
 from sglang.srt.managers.tokenizer_embedding import EMBEDDING_REFUSED
-
-MAX_INPUTS_PER_REQUEST = 2048  # OpenAI's limit on the inputs of one request
 
 EmbeddingPrompt = str | list[int]
 
@@ -50,12 +49,7 @@ def split_inputs(value: Any) -> list[EmbeddingPrompt]:
         return [list(value)]
     if any(isinstance(v, list) and not v for v in value):
         raise APIError("a token-id input must not be empty", param="input", code="invalid_value")
-    if len(value) > MAX_INPUTS_PER_REQUEST:
-        raise APIError(
-            f"{len(value)} inputs; one request may carry at most {MAX_INPUTS_PER_REQUEST}",
-            param="input",
-            code="invalid_value",
-        )
+    check_input_count(len(value), "input")
     return list(value)
 
 

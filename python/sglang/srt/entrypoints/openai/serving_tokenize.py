@@ -18,17 +18,13 @@ from typing import Any
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.protocol import (
-    MAX_TOKENIZE_PROMPTS,
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
-from sglang.srt.entrypoints.openai.serving_base import check_model_name
-
-# Texts longer than this (in characters, all prompts together) are tokenized off the
-# event loop; shorter ones cost less than the thread hop.
-INLINE_CHARS = 16_384
+from sglang.srt.entrypoints.openai.serving_base import check_input_count, check_model_name
+from sglang.srt.managers.tokenizer_manager import INLINE_TOKENIZE_CHARS
 
 
 class OpenAIServingTokenize:
@@ -49,7 +45,7 @@ class OpenAIServingTokenize:
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         tokenizer = self._tokenizer(request.model)
         texts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
-        _check_count(len(texts), "prompt")
+        check_input_count(len(texts), "prompt")
 
         def encode() -> list[list[int]]:
             return [
@@ -57,8 +53,8 @@ class OpenAIServingTokenize:
                 for t in texts
             ]
 
-        chars = sum(len(t) for t in texts)
-        ids = await asyncio.to_thread(encode) if chars > INLINE_CHARS else encode()
+        chars = sum(len(t) for t in texts)  # all prompts together, as one long text
+        ids = await asyncio.to_thread(encode) if chars > INLINE_TOKENIZE_CHARS else encode()
         max_model_len = self.tokenizer_manager.context_len
         if isinstance(request.prompt, str):
             return TokenizeResponse(tokens=ids[0], count=len(ids[0]), max_model_len=max_model_len)
@@ -69,7 +65,7 @@ class OpenAIServingTokenize:
         tokenizer = self._tokenizer(request.model)
         nested = bool(request.tokens) and isinstance(request.tokens[0], list)
         lists = request.tokens if nested else [request.tokens]
-        _check_count(len(lists), "tokens")
+        check_input_count(len(lists), "tokens")
         vocab = self.tokenizer_manager.model_config.vocab_size
         if any(t >= vocab for ids in lists for t in ids):
             raise APIError(
@@ -80,15 +76,6 @@ class OpenAIServingTokenize:
             skip = request.skip_special_tokens
             return [tokenizer.decode(ids, skip_special_tokens=skip) for ids in lists]
 
-        count = sum(len(ids) for ids in lists)
-        texts = await asyncio.to_thread(decode) if count > INLINE_CHARS // 4 else decode()
+        count = sum(len(ids) for ids in lists)  # ~4 characters of text per id
+        texts = await asyncio.to_thread(decode) if 4 * count > INLINE_TOKENIZE_CHARS else decode()
         return DetokenizeResponse(text=texts if nested else texts[0])
-
-
-def _check_count(count: int, param: str) -> None:
-    if count > MAX_TOKENIZE_PROMPTS:
-        raise APIError(
-            f"{count} inputs; one request may carry at most {MAX_TOKENIZE_PROMPTS}",
-            param=param,
-            code="invalid_value",
-        )
