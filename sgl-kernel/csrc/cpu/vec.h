@@ -67,9 +67,6 @@ inline vfloat vload_unscaled(const c10::Float8_e4m3fn* p) {  // 16 bytes, x 2^-8
                                      _mm256_set1_epi16(int16_t(0xBFFF)));
   return _mm512_cvtph_ps(h);
 }
-inline vfloat vload(const c10::Float8_e4m3fn* p) {
-  return _mm512_mul_ps(vload_unscaled(p), _mm512_set1_ps(256.f));
-}
 inline void vstore(float* p, vfloat v) { _mm512_storeu_ps(p, v); }
 // A 32-bit word holding two bf16 values (low half first): its low value (shifted into
 // the upper half) and its high value (the upper half kept), as float32 lanes.
@@ -185,9 +182,6 @@ inline vfloat vload_unscaled(const c10::Float8_e4m3fn* p) {  // 8 bytes, x 2^-8
                                   _mm_set1_epi16(int16_t(0xBFFF)));
   return _mm256_cvtph_ps(h);
 }
-inline vfloat vload(const c10::Float8_e4m3fn* p) {
-  return _mm256_mul_ps(vload_unscaled(p), _mm256_set1_ps(256.f));
-}
 inline void vstore(float* p, vfloat v) { _mm256_storeu_ps(p, v); }
 // A 32-bit word holding two bf16 values (low half first): its low value (shifted into
 // the upper half) and its high value (the upper half kept), as float32 lanes.
@@ -284,6 +278,14 @@ inline void vtranspose(vfloat* rows) {
 }
 #endif
 
+// What vload_unscaled<P> reads is 1 / kPoolUnit<P> of each value: e4m3fn's re-biasing
+// multiply (see the fp8 note above) left to vload, or to a caller that folds it.
+template <typename P>
+constexpr float kPoolUnit = std::is_same_v<P, c10::Float8_e4m3fn> ? 256.f : 1.f;
+inline vfloat vload(const c10::Float8_e4m3fn* p) {
+  return vmul(vload_unscaled(p), vset1(kPoolUnit<c10::Float8_e4m3fn>));
+}
+
 // bf16 rounding of each lane as static_cast<c10::BFloat16> rounds (nearest even on the
 // bits, any NaN -> 0x7FC0, denormals kept): the bf16 bits in the low 16 of each 32.
 #if defined(__AVX512F__)
@@ -342,15 +344,13 @@ inline vfloat vround(vfloat v) {
 }
 
 // A pool value as the decode attention reads it: vload's, except e4m3fn's, left at 2^-8
-// of its value (vload_unscaled above, the re-biasing multiply dropped); kPoolUnit<P> is
-// the factor the caller applies once instead (to the score scale and the output). Powers
-// of two scale every product and sum exactly, so the results are vload's, bit for bit.
+// of its value (vload_unscaled above); the caller applies kPoolUnit<P> once instead (to
+// the score scale and the output). Powers of two scale every product and sum exactly,
+// so the results are vload's, bit for bit.
 template <typename P>
 inline vfloat vload_unscaled(const P* p) {
   return vload(p);
 }
-template <typename P>
-constexpr float kPoolUnit = std::is_same_v<P, c10::Float8_e4m3fn> ? 256.f : 1.f;
 
 // exp lane by lane: exp_f32's algorithm (Cephes, common.h).
 inline vfloat vexp(vfloat x) {
