@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from sglang.srt import huge_pages
 from sglang.srt.layers import cpu_kernels
+from sglang.srt.layers.linear import PANELS_ATTR, linear
 
 # (in, out): demo model qkv 256->512, o 256->256, gate_up 256->1408, down 704->256,
 # lm_head 256->8192, and the brief's 256->768, 256->1376, 688->256
@@ -89,6 +90,31 @@ def one_row_variants(w: torch.Tensor, bias: torch.Tensor):
     }
 
 
+def bf16_variants(w: torch.Tensor, bias: torch.Tensor):
+    """name -> fn(x) for bf16 x over a bf16 weight (`dtype auto` on a CPU with native bf16):
+    F.linear (oneDNN, which reorders the weight per call), our `linear` routing (the
+    small-M kernel, or linear_packed over load-time panels), and oneDNN over a weight
+    reordered once (torch.ops.mkldnn, what inductor's freezing uses; AMX where present)."""
+    kernel = cpu_kernels.load()
+    w_bf16 = huge_pages.empty(w.shape, torch.bfloat16).copy_(w)
+    panels = kernel.pack_weight_panels(w_bf16) if kernel.weight_panel_width else None
+    if panels is not None:
+        setattr(w_bf16, PANELS_ATTR, panels)
+    prepacked = {}
+
+    def onednn_packed(x):
+        m = x.shape[0]
+        if m not in prepacked:
+            prepacked[m] = torch.ops.mkldnn._reorder_linear_weight(w_bf16, m)
+        return torch.ops.mkldnn._linear_pointwise(x, prepacked[m], None, "none", [], "")
+
+    return {
+        "F.linear": lambda x: F.linear(x, w_bf16),
+        "ours": lambda x: linear(x, w_bf16),
+        "oneDNN prepacked": onednn_packed,
+    }
+
+
 def time_interleaved(copies: list[dict], x: torch.Tensor, reps: int, inner: int) -> dict:
     """Median us per call of each variant; call i uses copy i mod len(copies)."""
     names = list(copies[0])
@@ -114,10 +140,11 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--cold-mib", type=float, default=0,
                    help="cycle through copies of each weight filling this many MiB (0: one copy)")
-    p.add_argument("--variants", choices=["layout", "small-m", "one-row"], default="layout")
+    p.add_argument("--variants", choices=["layout", "small-m", "one-row", "bf16"], default="layout")
     p.add_argument("--shapes", choices=["demo", "qwen3-0.6b"], default="demo")
     args = p.parse_args()
-    make = {"layout": variants, "small-m": small_m_variants, "one-row": one_row_variants}[
+    make = {"layout": variants, "small-m": small_m_variants, "one-row": one_row_variants,
+            "bf16": bf16_variants}[
         args.variants
     ]
     shapes = SHAPES if args.shapes == "demo" else QWEN3_SHAPES
@@ -138,6 +165,8 @@ def main() -> None:
                     print("|---" * (len(names) + 2) + "|")
                 for m in args.ms:
                     x = torch.randn(m, k)
+                    if args.variants == "bf16":
+                        x = x.bfloat16()
                     inner = max(1, int(2e6 // (m * k * n) + 1))
                     med = time_interleaved(copies, x, args.reps, min(inner, 50))
                     base = med["F.linear"]

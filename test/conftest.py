@@ -47,3 +47,19 @@ def tiny_qwen2_dir(tiny_model_dir) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tiny_model_dir) -> Path:
     return tiny_model_dir("qwen3")
+
+
+@pytest.fixture
+def onednn_bf16(monkeypatch) -> Callable[[str], None]:
+    """onednn_bf16("on" | "off"): set SGLANG_CPU_ONEDNN_BF16 for this test, so a test of
+    either bf16 routing (oneDNN's GEMM past a few rows, as on AMX CPUs, or our bf16 dot
+    product) runs it whatever CPU the suite is on; the choice is read once per process,
+    so its cache is cleared on both sides of the test."""
+    from sglang.srt.layers import cpu_kernels
+
+    def choose(value: str) -> None:
+        monkeypatch.setenv("SGLANG_CPU_ONEDNN_BF16", value)
+        cpu_kernels.onednn_bf16_gemm.cache_clear()
+
+    yield choose
+    cpu_kernels.onednn_bf16_gemm.cache_clear()  # before monkeypatch restores the variable

@@ -8,6 +8,8 @@ here and in docs/config.md:
 - greedy decode (the CPU kernels' path: fused norms, rotary, paged decode attention):
   at each step HF, teacher-forced on our tokens, ranks our token first or within 0.1
   logprob of its first (a near-tie that bf16 rounding may break either way).
+Each model runs with its linears past a few rows on our bf16 dot-product kernel and on
+oneDNN's GEMM over weights reordered at load (what AMX CPUs take), whatever this CPU is.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import pytest
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers import cpu_kernels
+from sglang.srt.layers.onednn_weights import reordered_of
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_context
 from sglang.test.hf_reference import hf_logits, hf_prompt_logprobs, load_hf_model
@@ -32,25 +36,38 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+# (arch, SGLANG_CPU_ONEDNN_BF16): the linears past a few rows on our bf16 dot-product
+# kernel, and on oneDNN's GEMM over weights reordered at load (AMX CPUs), on any CPU
+@pytest.fixture(
+    scope="module",
+    params=[("llama", "off"), ("qwen3", "off"), ("llama", "on"), ("qwen3", "on")],
+    ids=lambda p: f"{p[0]}-onednn-{p[1]}",
+)
 def setup(request, tiny_model_dir):
-    model_dir = str(tiny_model_dir(request.param))
-    with get_context().override_server_args(
-        model_path=model_dir, device="cpu", max_total_tokens=4096, max_running_requests=8
-    ):
-        worker = TpModelWorker(ModelConfig(model_dir, dtype="bfloat16"))
-    from tokenizers import Tokenizer
+    arch, onednn = request.param
+    model_dir = str(tiny_model_dir(arch))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SGLANG_CPU_ONEDNN_BF16", onednn)
+        cpu_kernels.onednn_bf16_gemm.cache_clear()
+        with get_context().override_server_args(
+            model_path=model_dir, device="cpu", max_total_tokens=4096, max_running_requests=8
+        ):
+            worker = TpModelWorker(ModelConfig(model_dir, dtype="bfloat16"))
+        from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(f"{model_dir}/tokenizer.json")
-    prompts = [tokenizer.encode(p).ids for p in PROMPTS]
-    yield worker, load_hf_model(model_dir, torch.bfloat16), prompts
-    worker.token_to_kv_pool_allocator.check_integrity()
+        tokenizer = Tokenizer.from_file(f"{model_dir}/tokenizer.json")
+        prompts = [tokenizer.encode(p).ids for p in PROMPTS]
+        yield worker, load_hf_model(model_dir, torch.bfloat16), prompts
+        worker.token_to_kv_pool_allocator.check_integrity()
+    cpu_kernels.onednn_bf16_gemm.cache_clear()
 
 
 def test_runs_in_bf16(setup):
     worker, _, _ = setup
     assert worker.model_runner.model_config.dtype == torch.bfloat16
     assert worker.model_runner.token_to_kv_pool.dtype == torch.bfloat16
+    qkv = worker.model_runner.model.model.layers[0].self_attn.qkv_proj.weight
+    assert (reordered_of(qkv) is not None) == cpu_kernels.onednn_bf16_gemm()
 
 
 def test_prompt_logprobs_within_bf16_tolerance(setup):

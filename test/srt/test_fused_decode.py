@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.layers import cpu_kernels, fused_decode
+from sglang.srt.layers import cpu_kernels, fused_decode, linear
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_context
 from sglang.test.runner_utils import MiniReq, MiniScheduler
@@ -24,11 +24,11 @@ SHORT_EXTEND = [4, 9, 16]  # new tokens per request after the prompt: the kernel
 DECODE_STEPS = 12
 
 
-def _worker(model_dir: str) -> TpModelWorker:
+def _worker(model_dir: str, dtype: str = "float32") -> TpModelWorker:
     with get_context().override_server_args(
         model_path=model_dir, device="cpu", max_total_tokens=4096, max_running_requests=8
     ):
-        return TpModelWorker(ModelConfig(model_dir, dtype="float32"))
+        return TpModelWorker(ModelConfig(model_dir, dtype=dtype))
 
 
 def _run(worker) -> tuple[list[list[int]], list[list[float]]]:
@@ -52,9 +52,21 @@ def _run(worker) -> tuple[list[list[int]], list[list[float]]]:
     return tokens, logprobs
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral_swa"])
-def test_fused_layers_equal_the_module_path(tiny_model_dir, arch, monkeypatch):
-    worker = _worker(str(tiny_model_dir(arch)))
+@pytest.mark.parametrize(
+    "arch,dtype",
+    [("llama", "float32"), ("qwen2", "float32"), ("qwen3", "float32"), ("mistral_swa", "float32"),
+     ("qwen2", "bf16-onednn")],
+)
+def test_fused_layers_equal_the_module_path(tiny_model_dir, arch, dtype, monkeypatch, onednn_bf16):
+    """bf16-onednn: all-bf16 linears from 2 rows on oneDNN's GEMM over the weights
+    reordered at load (the AMX CPUs' path, forced on: the 3-row decode steps take it
+    too), called from C++ through the dispatcher and from Python alike."""
+    if dtype == "bf16-onednn":
+        onednn_bf16("on")
+        for module in (linear, fused_decode):
+            monkeypatch.setattr(module, "ONEDNN_MIN_ROWS", 2)
+        dtype = "bfloat16"
+    worker = _worker(str(tiny_model_dir(arch)), dtype)
     calls = []
     real_run_layer = fused_decode.run_layer
     monkeypatch.setattr(

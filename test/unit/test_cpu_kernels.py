@@ -829,9 +829,13 @@ def test_linear_packed_all_bf16_matches_torch(kernels, rows, k, n):
         torch.testing.assert_close(out.float(), want, **_tol(torch.bfloat16))
 
 
-def test_all_bf16_linears_past_the_small_m_rows_take_the_packed_kernel(native_kernels, monkeypatch):
-    """With the bf16 dot product, bf16 x over bf16 weights past the small-M rows take
-    linear_packed (1.1-3x oneDNN's bf16 GEMM at 16-256 rows); without it, F.linear."""
+def test_all_bf16_linears_past_the_small_m_rows_take_the_packed_kernel(
+    native_kernels, monkeypatch, onednn_bf16
+):
+    """With the bf16 dot product (and oneDNN not serving bf16 GEMMs: a CPU without AMX),
+    bf16 x over bf16 weights past the small-M rows take linear_packed (1.1-3x oneDNN's
+    bf16 GEMM at 16-256 rows on an AVX-512 bf16 EPYC); without it, F.linear."""
+    onednn_bf16("off")
     calls = []
     real = native_kernels.linear_packed
     monkeypatch.setattr(native_kernels, "linear_packed", lambda *a: calls.append(a[1].shape[0]) or real(*a))

@@ -118,10 +118,15 @@ def test_loader_packs_the_demo_models_linears_and_lm_head(kernels, monkeypatch):
     assert all(panels_of(m.weight) is None for m in bare.modules() if isinstance(m, LinearBase))
 
 
-def test_bf16_compute_packs_panels_where_the_dot_product_reads_them(kernels, monkeypatch):
-    """The bf16 demo checkpoint run in bf16: panels on every linear weight where the build
-    has the bf16 dot product (linear_packed reads them past the small-M rows), none
-    elsewhere; linear() hands them over, with the per-call result."""
+def test_bf16_compute_packs_panels_where_the_dot_product_reads_them(
+    kernels, monkeypatch, onednn_bf16
+):
+    """The bf16 demo checkpoint run in bf16 where oneDNN does not serve bf16 GEMMs (no
+    AMX): panels on every linear weight where the build has the bf16 dot product
+    (linear_packed reads them past the small-M rows), none elsewhere; linear() hands them
+    over, with the per-call result. Where oneDNN serves them, no panels (nothing reads
+    them: test_onednn_weights.py)."""
+    onednn_bf16("off")
     config = ModelConfig(str(demo_target_path()), dtype=torch.bfloat16)
     model = get_model(config, "cpu")
     linears = [m.weight for m in model.modules() if isinstance(m, LinearBase)]

@@ -85,19 +85,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     std::optional<at::Tensor>, std::optional<at::Tensor>,
                     std::optional<at::Tensor>, std::optional<at::Tensor>,
                     std::optional<at::Tensor>, std::optional<at::Tensor>,
+                    std::optional<at::Tensor>, std::optional<at::Tensor>,
+                    std::optional<at::Tensor>, std::optional<at::Tensor>,
                     std::optional<at::Tensor>, std::optional<at::Tensor>>(),
            py::arg("input_norm"), py::arg("post_attention_norm"), py::arg("qkv"), py::arg("o"),
            py::arg("gate_up"), py::arg("down"), py::arg("qkv_bias") = py::none(),
            py::arg("o_bias") = py::none(), py::arg("q_norm") = py::none(),
            py::arg("k_norm") = py::none(), py::arg("qkv_panels") = py::none(),
            py::arg("o_panels") = py::none(), py::arg("gate_up_panels") = py::none(),
-           py::arg("down_panels") = py::none());
+           py::arg("down_panels") = py::none(), py::arg("qkv_onednn") = py::none(),
+           py::arg("o_onednn") = py::none(), py::arg("gate_up_onednn") = py::none(),
+           py::arg("down_onednn") = py::none());
   py::class_<sgl_cpu::DecoderLayerShape>(m, "DecoderLayerShape", py::module_local())
       .def(py::init<int64_t, int64_t, int64_t, double, double, double, int64_t, int64_t, int64_t,
-                    int64_t, int64_t>(),
+                    int64_t, int64_t, int64_t>(),
            py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("rms_eps"),
            py::arg("scale"), py::arg("logit_cap"), py::arg("window"), py::arg("small_m_rows"),
-           py::arg("long_k"), py::arg("long_k_rows"), py::arg("half_weight_rows"));
+           py::arg("long_k"), py::arg("long_k_rows"), py::arg("half_weight_rows"),
+           py::arg("onednn_min_rows") = 0);
   py::class_<sgl_cpu::DecodeStep>(m, "DecodeStep", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                     at::Tensor, at::Tensor>(),

@@ -26,8 +26,10 @@ from sglang.srt.layers.linear import (
     HALF_WEIGHT_MAX_ROWS,
     LONG_K,
     LONG_K_MAX_ROWS,
+    ONEDNN_MIN_ROWS,
     SMALL_M_MAX_ROWS,
 )
+from sglang.srt.layers.onednn_weights import reordered_of
 from sglang.srt.layers.weight_panels import panels_of
 
 if TYPE_CHECKING:
@@ -131,6 +133,10 @@ def _build(layer: nn.Module) -> Any:
         o_panels=panels_of(attn.o_proj.weight),
         gate_up_panels=panels_of(mlp.gate_up_proj.weight),
         down_panels=panels_of(mlp.down_proj.weight),
+        qkv_onednn=reordered_of(attn.qkv_proj.weight),
+        o_onednn=reordered_of(attn.o_proj.weight),
+        gate_up_onednn=reordered_of(mlp.gate_up_proj.weight),
+        down_onednn=reordered_of(mlp.down_proj.weight),
     )
     shape = kernels.DecoderLayerShape(
         radix.tp_q_head_num,
@@ -144,5 +150,6 @@ def _build(layer: nn.Module) -> Any:
         LONG_K,
         LONG_K_MAX_ROWS,
         HALF_WEIGHT_MAX_ROWS,
+        ONEDNN_MIN_ROWS if cpu_kernels.onednn_bf16_gemm() else 0,
     )
     return kernels.DecoderLayer(weights, shape)
