@@ -28,7 +28,6 @@ import torch.nn.functional as F
 
 from sglang.srt import huge_pages
 from sglang.srt.layers import cpu_kernels
-from sglang.srt.layers.linear import PANELS_ATTR, linear
 
 # (in, out): demo model qkv 256->512, o 256->256, gate_up 256->1408, down 704->256,
 # lm_head 256->8192, and the brief's 256->768, 256->1376, 688->256
@@ -92,26 +91,27 @@ def one_row_variants(w: torch.Tensor, bias: torch.Tensor):
 
 def bf16_variants(w: torch.Tensor, bias: torch.Tensor):
     """name -> fn(x) for bf16 x over a bf16 weight (`dtype auto` on a CPU with native bf16):
-    F.linear (oneDNN, which reorders the weight per call), our `linear` routing (the
-    small-M kernel, or linear_packed over load-time panels), and oneDNN over a weight
-    reordered once (torch.ops.mkldnn, what inductor's freezing uses; AMX where present)."""
+    F.linear (oneDNN, which reorders the weight per call), our small-M kernel, linear_packed
+    over the load-time panels (AMX tiles where the CPU has them, else the bf16 dot
+    product), and oneDNN over a weight reordered once (torch.ops.mkldnn, what inductor's
+    freezing uses)."""
     kernel = cpu_kernels.load()
     w_bf16 = huge_pages.empty(w.shape, torch.bfloat16).copy_(w)
-    panels = kernel.pack_weight_panels(w_bf16) if kernel.weight_panel_width else None
-    if panels is not None:
-        setattr(w_bf16, PANELS_ATTR, panels)
-    prepacked = {}
+    panels = kernel.pack_weight_panels(w_bf16)
+    reordered = torch.ops.mkldnn._reorder_linear_weight(w_bf16)
 
-    def onednn_packed(x):
-        m = x.shape[0]
-        if m not in prepacked:
-            prepacked[m] = torch.ops.mkldnn._reorder_linear_weight(w_bf16, m)
-        return torch.ops.mkldnn._linear_pointwise(x, prepacked[m], None, "none", [], "")
+    def ours(x, fn, *extra):
+        out = torch.empty(x.shape[0], w_bf16.shape[0], dtype=torch.bfloat16)
+        fn(out, x, w_bf16, None, *extra)
+        return out
 
     return {
         "F.linear": lambda x: F.linear(x, w_bf16),
-        "ours": lambda x: linear(x, w_bf16),
-        "oneDNN prepacked": onednn_packed,
+        "small-M": lambda x: ours(x, kernel.linear_small_m),
+        "packed (panels)": lambda x: ours(x, kernel.linear_packed, panels),
+        "oneDNN prepacked": lambda x: torch.ops.mkldnn._linear_pointwise(
+            x, reordered, None, "none", [], ""
+        ),
     }
 
 

@@ -50,16 +50,20 @@ def tiny_qwen3_dir(tiny_model_dir) -> Path:
 
 
 @pytest.fixture
-def onednn_bf16(monkeypatch) -> Callable[[str], None]:
-    """onednn_bf16("on" | "off"): set SGLANG_CPU_ONEDNN_BF16 for this test, so a test of
-    either bf16 routing (oneDNN's GEMM past a few rows, as on AMX CPUs, or our bf16 dot
-    product) runs it whatever CPU the suite is on; the choice is read once per process,
-    so its cache is cleared on both sides of the test."""
+def amx_tiles() -> Callable[[bool], bool]:
+    """amx_tiles(on) -> whether bf16 linears now take AMX tiles: turns the kernels' AMX
+    path on or off for this test (SGLANG_CPU_AMX's switch), set back to the variable's
+    value after. On a CPU without AMX it stays off, so a test of the other routing runs
+    on any CPU."""
+    from sglang.srt.environ import envs
     from sglang.srt.layers import cpu_kernels
 
-    def choose(value: str) -> None:
-        monkeypatch.setenv("SGLANG_CPU_ONEDNN_BF16", value)
-        cpu_kernels.onednn_bf16_gemm.cache_clear()
+    kernels = cpu_kernels.load()
+    assert kernels is not None, "the CPU kernels must build here"
+
+    def choose(on: bool) -> bool:
+        kernels.use_amx_tiles(on)
+        return kernels.amx_tiles()
 
     yield choose
-    cpu_kernels.onednn_bf16_gemm.cache_clear()  # before monkeypatch restores the variable
+    kernels.use_amx_tiles(envs.SGLANG_CPU_AMX.get())

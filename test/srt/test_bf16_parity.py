@@ -8,8 +8,8 @@ here and in docs/config.md:
 - greedy decode (the CPU kernels' path: fused norms, rotary, paged decode attention):
   at each step HF, teacher-forced on our tokens, ranks our token first or within 0.1
   logprob of its first (a near-tie that bf16 rounding may break either way).
-Each model runs with its linears past a few rows on our bf16 dot-product kernel and on
-oneDNN's GEMM over weights reordered at load (what AMX CPUs take), whatever this CPU is.
+Each model runs with its linears past a few rows on our bf16 dot-product kernel, and on
+AMX tiles where the CPU has them (the same routing as the dot product elsewhere).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.environ import envs
 from sglang.srt.layers import cpu_kernels
-from sglang.srt.layers.onednn_weights import reordered_of
+from sglang.srt.layers.weight_panels import panels_of
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.runtime_context import get_context
 from sglang.test.hf_reference import hf_logits, hf_prompt_logprobs, load_hf_model
@@ -36,30 +37,29 @@ PROMPTS = [
 ]
 
 
-# (arch, SGLANG_CPU_ONEDNN_BF16): the linears past a few rows on our bf16 dot-product
-# kernel, and on oneDNN's GEMM over weights reordered at load (AMX CPUs), on any CPU
+# (arch, AMX tiles wanted): the linears past a few rows on our bf16 dot-product kernel,
+# and on AMX tiles where the CPU has them
 @pytest.fixture(
     scope="module",
-    params=[("llama", "off"), ("qwen3", "off"), ("llama", "on"), ("qwen3", "on")],
-    ids=lambda p: f"{p[0]}-onednn-{p[1]}",
+    params=[("llama", False), ("qwen3", False), ("llama", True), ("qwen3", True)],
+    ids=lambda p: f"{p[0]}-amx-{'on' if p[1] else 'off'}",
 )
 def setup(request, tiny_model_dir):
-    arch, onednn = request.param
+    arch, amx = request.param
     model_dir = str(tiny_model_dir(arch))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SGLANG_CPU_ONEDNN_BF16", onednn)
-        cpu_kernels.onednn_bf16_gemm.cache_clear()
-        with get_context().override_server_args(
-            model_path=model_dir, device="cpu", max_total_tokens=4096, max_running_requests=8
-        ):
-            worker = TpModelWorker(ModelConfig(model_dir, dtype="bfloat16"))
-        from tokenizers import Tokenizer
+    kernels = cpu_kernels.load()
+    kernels.use_amx_tiles(amx)
+    with get_context().override_server_args(
+        model_path=model_dir, device="cpu", max_total_tokens=4096, max_running_requests=8
+    ):
+        worker = TpModelWorker(ModelConfig(model_dir, dtype="bfloat16"))
+    from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(f"{model_dir}/tokenizer.json")
-        prompts = [tokenizer.encode(p).ids for p in PROMPTS]
-        yield worker, load_hf_model(model_dir, torch.bfloat16), prompts
-        worker.token_to_kv_pool_allocator.check_integrity()
-    cpu_kernels.onednn_bf16_gemm.cache_clear()
+    tokenizer = Tokenizer.from_file(f"{model_dir}/tokenizer.json")
+    prompts = [tokenizer.encode(p).ids for p in PROMPTS]
+    yield worker, load_hf_model(model_dir, torch.bfloat16), prompts
+    worker.token_to_kv_pool_allocator.check_integrity()
+    kernels.use_amx_tiles(envs.SGLANG_CPU_AMX.get())
 
 
 def test_runs_in_bf16(setup):
@@ -67,7 +67,7 @@ def test_runs_in_bf16(setup):
     assert worker.model_runner.model_config.dtype == torch.bfloat16
     assert worker.model_runner.token_to_kv_pool.dtype == torch.bfloat16
     qkv = worker.model_runner.model.model.layers[0].self_attn.qkv_proj.weight
-    assert (reordered_of(qkv) is not None) == cpu_kernels.onednn_bf16_gemm()
+    assert (panels_of(qkv) is not None) == cpu_kernels.load().bf16_dot  # read by both paths
 
 
 def test_prompt_logprobs_within_bf16_tolerance(setup):

@@ -55,17 +55,14 @@ def _run(worker) -> tuple[list[list[int]], list[list[float]]]:
 @pytest.mark.parametrize(
     "arch,dtype",
     [("llama", "float32"), ("qwen2", "float32"), ("qwen3", "float32"), ("mistral_swa", "float32"),
-     ("qwen2", "bf16-onednn")],
+     ("qwen2", "bfloat16")],
 )
-def test_fused_layers_equal_the_module_path(tiny_model_dir, arch, dtype, monkeypatch, onednn_bf16):
-    """bf16-onednn: all-bf16 linears from 2 rows on oneDNN's GEMM over the weights
-    reordered at load (the AMX CPUs' path, forced on: the 3-row decode steps take it
-    too), called from C++ through the dispatcher and from Python alike."""
-    if dtype == "bf16-onednn":
-        onednn_bf16("on")
+def test_fused_layers_equal_the_module_path(tiny_model_dir, arch, dtype, monkeypatch):
+    """bfloat16: all-bf16 linears, where the CPU has AMX tiles from 2 rows on them (the
+    3-row decode steps too), from C++ and from Python alike; elsewhere the dot product."""
+    if dtype == "bfloat16":
         for module in (linear, fused_decode):
-            monkeypatch.setattr(module, "ONEDNN_MIN_ROWS", 2)
-        dtype = "bfloat16"
+            monkeypatch.setattr(module, "AMX_MIN_ROWS", 2)
     worker = _worker(str(tiny_model_dir(arch)), dtype)
     calls = []
     real_run_layer = fused_decode.run_layer

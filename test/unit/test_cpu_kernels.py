@@ -830,12 +830,12 @@ def test_linear_packed_all_bf16_matches_torch(kernels, rows, k, n):
 
 
 def test_all_bf16_linears_past_the_small_m_rows_take_the_packed_kernel(
-    native_kernels, monkeypatch, onednn_bf16
+    native_kernels, monkeypatch, amx_tiles
 ):
-    """With the bf16 dot product (and oneDNN not serving bf16 GEMMs: a CPU without AMX),
-    bf16 x over bf16 weights past the small-M rows take linear_packed (1.1-3x oneDNN's
-    bf16 GEMM at 16-256 rows on an AVX-512 bf16 EPYC); without it, F.linear."""
-    onednn_bf16("off")
+    """With the bf16 dot product (AMX tiles off, as on a CPU without them), bf16 x over
+    bf16 weights past the small-M rows take linear_packed (1.1-3x oneDNN's bf16 GEMM at
+    16-256 rows on an AVX-512 bf16 EPYC); without it, F.linear."""
+    amx_tiles(False)
     calls = []
     real = native_kernels.linear_packed
     monkeypatch.setattr(native_kernels, "linear_packed", lambda *a: calls.append(a[1].shape[0]) or real(*a))

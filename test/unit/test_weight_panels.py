@@ -59,9 +59,11 @@ def test_panels_packed_at_load_give_the_per_call_results(kernels, rows, k, n):
 
 
 @pytest.mark.parametrize("rows,k,n", [(32, 256, 512), (13, 95, 7), (300, 64, 33), (40, 704, 70)])
-def test_all_bf16_calls_read_the_same_panels(kernels, rows, k, n):
+def test_all_bf16_calls_read_the_same_panels(kernels, amx_tiles, rows, k, n):
     """bf16 x over bf16 W (the bf16 dot product where the build has it, else at::linear):
-    the panels packed at load give bitwise the per-call result."""
+    the panels packed at load give bitwise the per-call result (AMX tiles off: they read
+    the panels only, test_amx_tiles.py)."""
+    amx_tiles(False)
     x = torch.randn(rows, 2 * k)[:, :k].bfloat16()
     w = (torch.randn(n, k) / 8).bfloat16()
     panels = kernels.pack_weight_panels(w)
@@ -119,14 +121,13 @@ def test_loader_packs_the_demo_models_linears_and_lm_head(kernels, monkeypatch):
 
 
 def test_bf16_compute_packs_panels_where_the_dot_product_reads_them(
-    kernels, monkeypatch, onednn_bf16
+    kernels, monkeypatch, amx_tiles
 ):
-    """The bf16 demo checkpoint run in bf16 where oneDNN does not serve bf16 GEMMs (no
-    AMX): panels on every linear weight where the build has the bf16 dot product
-    (linear_packed reads them past the small-M rows), none elsewhere; linear() hands them
-    over, with the per-call result. Where oneDNN serves them, no panels (nothing reads
-    them: test_onednn_weights.py)."""
-    onednn_bf16("off")
+    """The bf16 demo checkpoint run in bf16: panels on every linear weight where the build
+    has the bf16 dot product (linear_packed reads them past the small-M rows, on the
+    dot product or on AMX tiles), none elsewhere; linear() hands them over, with the
+    per-call result (the dot product: AMX tiles off here, test_amx_tiles.py has them)."""
+    amx_tiles(False)
     config = ModelConfig(str(demo_target_path()), dtype=torch.bfloat16)
     model = get_model(config, "cpu")
     linears = [m.weight for m in model.modules() if isinstance(m, LinearBase)]

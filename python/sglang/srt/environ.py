@@ -191,15 +191,13 @@ class Envs:
         "re-laid out for the many-row kernel (packed once at load instead of per call: a "
         "second copy of the linear weights' bytes); 0 packs per call.",
     )
-    SGLANG_CPU_ONEDNN_BF16 = EnvVar(
-        "SGLANG_CPU_ONEDNN_BF16",
-        "str",
-        "auto",
-        "On CPU with bf16 compute, the linears past a few rows run oneDNN's bf16 GEMM over "
-        "each weight reordered once at load (a second copy of the linear weights' bytes) "
-        "instead of our bf16 dot-product kernel: auto where the CPU has AMX tiles "
-        "(amx_bf16), on anywhere torch has oneDNN, off never.",
-        choices=("auto", "on", "off"),
+    SGLANG_CPU_AMX = EnvVar(
+        "SGLANG_CPU_AMX",
+        "bool",
+        True,
+        "On CPUs with AMX tiles (amx_bf16), bf16 linears of at least 8 rows multiply on the "
+        "tiles (TDPBF16PS) over the load-time weight panels; 0 keeps the AVX-512 bf16 dot "
+        "product (vdpbf16ps) for every row count.",
     )
     SGLANG_CPU_HUGE_PAGES = EnvVar(
         "SGLANG_CPU_HUGE_PAGES",

@@ -2,6 +2,7 @@
 #include <torch/extension.h>
 
 #include "decoder_layer.h"
+#include "gemm_packed_bf16.h"
 #include "kernels.h"
 #include "paged.h"
 #include "parallel.h"
@@ -79,11 +80,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pool_threads", &sgl_cpu::pool_threads, "the pool's threads while it serves, else 0");
   m.attr("vector_isa") = kVectorIsa;  // the vector path the kernels were built with
   m.attr("bf16_dot") = sgl_cpu::kHasBf16Dot;  // bf16 x bf16 linears use the AVX-512 bf16 dot product
+  m.def("amx_tiles", &sgl_cpu::amx_tiles,
+        "whether bf16 linears over load-time panels multiply on AMX tiles (built, granted, on)");
+  m.def("use_amx_tiles", &sgl_cpu::use_amx_tiles, "turn the AMX tile path on or off (SGLANG_CPU_AMX)",
+        py::arg("on"));
 
   py::class_<sgl_cpu::DecoderLayerWeights>(m, "DecoderLayerWeights", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                    std::optional<at::Tensor>, std::optional<at::Tensor>,
-                    std::optional<at::Tensor>, std::optional<at::Tensor>,
                     std::optional<at::Tensor>, std::optional<at::Tensor>,
                     std::optional<at::Tensor>, std::optional<at::Tensor>,
                     std::optional<at::Tensor>, std::optional<at::Tensor>,
@@ -93,16 +96,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("o_bias") = py::none(), py::arg("q_norm") = py::none(),
            py::arg("k_norm") = py::none(), py::arg("qkv_panels") = py::none(),
            py::arg("o_panels") = py::none(), py::arg("gate_up_panels") = py::none(),
-           py::arg("down_panels") = py::none(), py::arg("qkv_onednn") = py::none(),
-           py::arg("o_onednn") = py::none(), py::arg("gate_up_onednn") = py::none(),
-           py::arg("down_onednn") = py::none());
+           py::arg("down_panels") = py::none());
   py::class_<sgl_cpu::DecoderLayerShape>(m, "DecoderLayerShape", py::module_local())
       .def(py::init<int64_t, int64_t, int64_t, double, double, double, int64_t, int64_t, int64_t,
                     int64_t, int64_t, int64_t>(),
            py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("rms_eps"),
            py::arg("scale"), py::arg("logit_cap"), py::arg("window"), py::arg("small_m_rows"),
            py::arg("long_k"), py::arg("long_k_rows"), py::arg("half_weight_rows"),
-           py::arg("onednn_min_rows") = 0);
+           py::arg("amx_min_rows") = 0);
   py::class_<sgl_cpu::DecodeStep>(m, "DecodeStep", py::module_local())
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                     at::Tensor, at::Tensor>(),

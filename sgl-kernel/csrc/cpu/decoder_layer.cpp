@@ -3,7 +3,6 @@
 #include "decoder_layer.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 
 #include "kernels.h"
 #include "vec.h"
@@ -17,37 +16,20 @@ DecoderLayer::DecoderLayer(DecoderLayerWeights weights, DecoderLayerShape shape)
   TORCH_CHECK(w_.q_norm.has_value() == w_.k_norm.has_value(), "q_norm and k_norm go together");
 }
 
-namespace {
-
-// oneDNN's GEMM over a weight reordered at load: torch.ops.mkldnn._linear_pointwise, found
-// through the dispatcher (ATen declares no C++ function for it).
-at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& reordered,
-                         const std::optional<at::Tensor>& bias) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                            c10::string_view, c10::List<std::optional<at::Scalar>>,
-                            std::optional<c10::string_view>)>();
-  return op.call(x, reordered, bias, "none", c10::List<std::optional<at::Scalar>>(),
-                 std::nullopt);
-}
-
-}  // namespace
-
-at::Tensor DecoderLayer::linear(const at::Tensor& x, const LinearWeights& lw) const {
-  const at::Tensor& w = lw.w;
-  const auto& bias = lw.bias;
+at::Tensor DecoderLayer::linear(const at::Tensor& x, const at::Tensor& w,
+                                const std::optional<at::Tensor>& bias,
+                                const std::optional<at::Tensor>& panels) const {
   const int64_t rows = x.size(0);
   const bool half_w = w.scalar_type() != x.scalar_type();  // bf16/fp16 under float32
   const bool all_bf16 = x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16;
-  if (s_.onednn_min_rows > 0 && all_bf16) {  // as linear.py: small-M, else oneDNN
-    if (rows < s_.onednn_min_rows) {
-      at::Tensor out = at::empty({rows, w.size(0)}, x.options());
+  if (s_.amx_min_rows > 0 && all_bf16 && panels.has_value() && x.size(1) % 32 == 0) {
+    at::Tensor out = at::empty({rows, w.size(0)}, x.options());  // as linear.py amx_rows
+    if (rows < s_.amx_min_rows) {
       linear_small_m(out, x, w, bias);
-      return out;
+    } else {
+      linear_packed(out, x, w, bias, panels);  // AMX tiles over the panels
     }
-    return lw.onednn.has_value() ? onednn_linear(x, *lw.onednn, bias) : at::linear(x, w, bias);
+    return out;
   }
   const bool small = rows <= s_.small_m_rows || (x.size(1) >= s_.long_k && rows <= s_.long_k_rows) ||
                      (half_w && rows <= s_.half_weight_rows);
@@ -61,7 +43,7 @@ at::Tensor DecoderLayer::linear(const at::Tensor& x, const LinearWeights& lw) co
   if (half_w || (kHasBf16Dot && x.scalar_type() == at::kBFloat16 &&
                  w.scalar_type() == at::kBFloat16)) {
     at::Tensor out = at::empty({rows, w.size(0)}, x.options());
-    linear_packed(out, x, w, bias, lw.panels);  // both paths read load-time panels
+    linear_packed(out, x, w, bias, panels);  // both paths read load-time panels
     return out;
   }
   return at::linear(x, w, bias);
@@ -71,7 +53,7 @@ at::Tensor DecoderLayer::linear(const at::Tensor& x, const LinearWeights& lw) co
 // tensors when the q/k norms apply).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> DecoderLayer::qkv_rotated(
     const at::Tensor& h, const DecodeStep& step) const {
-  at::Tensor qkv = linear(h, {w_.qkv, w_.qkv_bias, w_.qkv_panels, w_.qkv_onednn});
+  at::Tensor qkv = linear(h, w_.qkv, w_.qkv_bias, w_.qkv_panels);
   const int64_t t = qkv.size(0), d = s_.head_dim;
   const int64_t q_size = s_.num_heads * d, kv_size = s_.num_kv_heads * d;
   at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size);
@@ -111,13 +93,12 @@ std::tuple<at::Tensor, at::Tensor> DecoderLayer::forward(at::Tensor hidden,
   paged_attention(attn, q, k, v, kv_pool, step.out_cache_loc, step.req_to_token,
                   step.req_pool_indices, step.seq_lens, step.extend_lens, s_.scale, s_.logit_cap,
                   s_.window, true);
-  at::Tensor o = linear(attn, {w_.o, w_.o_bias, w_.o_panels, w_.o_onednn});
+  at::Tensor o = linear(attn, w_.o, w_.o_bias, w_.o_panels);
   fused_add_rmsnorm_(o, res, w_.post_attention_norm, s_.rms_eps);
-  const std::optional<at::Tensor> no_bias;
-  at::Tensor gate_up = linear(o, {w_.gate_up, no_bias, w_.gate_up_panels, w_.gate_up_onednn});
+  at::Tensor gate_up = linear(o, w_.gate_up, std::nullopt, w_.gate_up_panels);
   at::Tensor act = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
   silu_and_mul_out(act, gate_up);
-  return {linear(act, {w_.down, no_bias, w_.down_panels, w_.down_onednn}), res};
+  return {linear(act, w_.down, std::nullopt, w_.down_panels), res};
 }
 
 }  // namespace sgl_cpu

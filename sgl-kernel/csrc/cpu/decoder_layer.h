@@ -19,9 +19,6 @@ struct DecoderLayerWeights {
   // pack_weight_panels of qkv, o, gate_up, down (bf16 weights under float32, or all bf16
   // on the bf16 dot-product build), else none
   std::optional<at::Tensor> qkv_panels, o_panels, gate_up_panels, down_panels;
-  // torch.ops.mkldnn._reorder_linear_weight of qkv, o, gate_up, down (all bf16 where
-  // oneDNN serves bf16 GEMMs, layers/onednn_weights.py), else none
-  std::optional<at::Tensor> qkv_onednn, o_onednn, gate_up_onednn, down_onednn;
 };
 
 struct DecoderLayerShape {
@@ -32,17 +29,10 @@ struct DecoderLayerShape {
   // or <= long_k_rows when the input is at least long_k wide, or <= half_weight_rows
   // for a bf16/fp16 weight under float32; other calls at::linear
   int64_t small_m_rows, long_k, long_k_rows, half_weight_rows;
-  // > 0 where oneDNN serves bf16 GEMMs (linear.py ONEDNN_MIN_ROWS): all-bf16 calls of
-  // fewer rows take linear_small_m, the others oneDNN (over the reordered weight if given)
-  int64_t onednn_min_rows;
-};
-
-// One linear of the layer: its weight [out, in], bias, and the load-time layouts.
-struct LinearWeights {
-  const at::Tensor& w;
-  const std::optional<at::Tensor>& bias;
-  const std::optional<at::Tensor>& panels;
-  const std::optional<at::Tensor>& onednn;
+  // > 0 where bf16 linears take AMX tiles (linear.py AMX_MIN_ROWS, amx_rows): all-bf16
+  // calls over panels with K a multiple of 32 take linear_small_m below it, else
+  // linear_packed (the tiles)
+  int64_t amx_min_rows;
 };
 
 // Per-forward attention inputs, shared by every layer of the step.
@@ -63,7 +53,9 @@ class DecoderLayer {
                                              const DecodeStep& step, at::Tensor kv_pool) const;
 
  private:
-  at::Tensor linear(const at::Tensor& x, const LinearWeights& lw) const;
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& w,
+                    const std::optional<at::Tensor>& bias,
+                    const std::optional<at::Tensor>& panels) const;
   std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rotated(const at::Tensor& h,
                                                              const DecodeStep& step) const;
 

@@ -147,6 +147,12 @@ int64_t bf16_dot_panel_width() { return kPanel; }
 void linear_packed_bf16_dot(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                             const c10::BFloat16* bias, const uint32_t* packed) {
   const int64_t k = x.size(1);
+#if defined(SGL_HAVE_AMX_BF16)
+  if (packed != nullptr && amx_serves(k)) {  // AMX tiles over the load-time panels
+    linear_amx_bf16(out, x, bias, packed, w.size(0));
+    return;
+  }
+#endif
   const Bf16Call c{x.size(0), w.size(0), k, (k + 1) / 2, x.stride(0), bias};
   const int64_t panels = (c.n + kPanel - 1) / kPanel;
   const int64_t x_rows = kXBlockBytes / std::max<int64_t>(1, c.k * int64_t(sizeof(c10::BFloat16)));

@@ -44,6 +44,9 @@ constexpr bool kHasVecLoad = std::is_same_v<T, float> || std::is_same_v<T, c10::
 #define SGL_VEC_ISA "avx512"
 #if defined(__AVX512BF16__)
 #define SGL_HAVE_BF16_DOT 1  // vdpbf16ps: bf16 pairs multiplied into float32 lanes
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define SGL_HAVE_AMX_BF16 1  // AMX tiles: TDPBF16PS, 16 x 16 x 32 bf16 multiply-adds (gemm_amx.cpp)
+#endif
 #endif
 using vfloat = __m512;
 constexpr int64_t kVecWidth = 16;     // floats per vector

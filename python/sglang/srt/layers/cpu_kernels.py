@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import logging
 import os
@@ -48,6 +47,7 @@ SOURCE_FILES = (
     "gemm.cpp",
     "gemm_packed.cpp",
     "gemm_packed_bf16.cpp",
+    "gemm_amx.cpp",
     "decoder_layer.cpp",
     "bindings.cpp",
 )
@@ -103,11 +103,13 @@ def _build() -> ModuleType | None:
     except Exception as exc:  # no compiler, no ninja, a build error: keep serving
         logger.warning("CPU kernels unavailable (%s); using torch ops", _first_line(exc))
         return None
+    module.use_amx_tiles(envs.SGLANG_CPU_AMX.get())
     logger.info(
-        "CPU kernels ready in %.1f s (%s vectors%s; %s)",
+        "CPU kernels ready in %.1f s (%s vectors%s%s; %s)",
         time.perf_counter() - start, module.vector_isa,
-        ", bf16 dot products" if module.bf16_dot else "", src,
-    )
+        ", bf16 dot products" if module.bf16_dot else "",
+        ", AMX tiles" if module.amx_tiles() else "", src,
+    )  # fmt: skip
     return module
 
 
@@ -197,24 +199,6 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return ""
-
-
-@functools.cache
-def onednn_bf16_gemm() -> bool:
-    """Whether bf16 linears past a few rows take oneDNN's GEMM (torch.ops.mkldnn over a
-    weight reordered at load, else F.linear) rather than our bf16 dot-product kernel:
-    SGLANG_CPU_ONEDNN_BF16 on, or auto on a CPU with AMX tiles, where oneDNN's tile GEMM ran
-    2.5-10x our kernel from 16 rows (benchmark/RESULTS.md); torch built with oneDNN. Read
-    once per process (a test that changes the variable calls `cache_clear()`)."""
-    choice = envs.SGLANG_CPU_ONEDNN_BF16.get()
-    if choice == "off" or not torch.backends.mkldnn.is_available():
-        return False
-    return choice == "on" or _has_amx_bf16()
-
-
-@functools.cache
-def _has_amx_bf16() -> bool:
-    return "amx_bf16" in _cpu_flags().split()
 
 
 def _first_line(exc: Exception) -> str:

@@ -23,13 +23,12 @@ from torch import nn
 from sglang.srt.layers import cpu_kernels
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend, kernel_takes
 from sglang.srt.layers.linear import (
+    AMX_MIN_ROWS,
     HALF_WEIGHT_MAX_ROWS,
     LONG_K,
     LONG_K_MAX_ROWS,
-    ONEDNN_MIN_ROWS,
     SMALL_M_MAX_ROWS,
 )
-from sglang.srt.layers.onednn_weights import reordered_of
 from sglang.srt.layers.weight_panels import panels_of
 
 if TYPE_CHECKING:
@@ -133,10 +132,6 @@ def _build(layer: nn.Module) -> Any:
         o_panels=panels_of(attn.o_proj.weight),
         gate_up_panels=panels_of(mlp.gate_up_proj.weight),
         down_panels=panels_of(mlp.down_proj.weight),
-        qkv_onednn=reordered_of(attn.qkv_proj.weight),
-        o_onednn=reordered_of(attn.o_proj.weight),
-        gate_up_onednn=reordered_of(mlp.gate_up_proj.weight),
-        down_onednn=reordered_of(mlp.down_proj.weight),
     )
     shape = kernels.DecoderLayerShape(
         radix.tp_q_head_num,
@@ -150,6 +145,6 @@ def _build(layer: nn.Module) -> Any:
         LONG_K,
         LONG_K_MAX_ROWS,
         HALF_WEIGHT_MAX_ROWS,
-        ONEDNN_MIN_ROWS if cpu_kernels.onednn_bf16_gemm() else 0,
+        AMX_MIN_ROWS if kernels.amx_tiles() else 0,
     )
     return kernels.DecoderLayer(weights, shape)

@@ -33,18 +33,16 @@ HALF_WEIGHT_MAX_ROWS = 24
 # 2 threads); on the AVX2 EPYC linear_packed was the faster at every size.
 PACKED_MAX_ROWS_AVX512 = 256
 HALF_WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
-# bf16 x over a bf16 weight where oneDNN serves bf16 GEMMs (`cpu_kernels.onednn_bf16_gemm`:
-# AMX CPUs): the small-M kernel up to this many rows, oneDNN's GEMM past them. On a 2-core
-# Sapphire Rapids-class Xeon our kernel was 1.3-3.7x faster at 1-2 rows and even at 4;
-# oneDNN over a reordered weight 1.3-1.8x faster at 8 and 2.5-10x from 16 (demo and
-# Qwen3-0.6B shapes, benchmark/RESULTS.md).
-ONEDNN_MIN_ROWS = 5
+# bf16 x over a bf16 weight where the kernels multiply on AMX tiles (`amx_rows`): the
+# small-M kernel below this many rows, linear_packed (the tiles, over the load-time
+# panels) from there. On a 2-core Sapphire Rapids-class Xeon (Qwen3-0.6B shapes, 2
+# threads) the small-M kernel was 1.5-2.5x faster at one row, even at 4, and the tiles
+# 1.6-2.2x faster at 8 and 2.9-6x at 32 (benchmark/RESULTS.md).
+AMX_MIN_ROWS = 8
+AMX_K_MULTIPLE = 32  # a tile step's K: narrower or ragged inputs take the dot product
 # A weight's panels packed at load for linear_packed hang off it under this attribute
 # (layers/weight_panels.py builds them).
 PANELS_ATTR = "cpu_panels"
-# A bf16 weight reordered at load into oneDNN's blocked layout (an opaque mkldnn tensor,
-# layers/onednn_weights.py) hangs off it under this attribute.
-ONEDNN_ATTR = "cpu_onednn"
 
 
 def tensor_parallel_all_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
@@ -61,11 +59,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     once for all rows (MKL re-reads the [out, in] weight per row at small M). A weight
     kept in a half checkpoint's dtype under float32 compute (see
     `model_loader.loader.half_weight_dtype`) is widened by our kernels as they load it
-    (see `_kernel_for`), or here when neither serves the call. All-bf16 calls past
-    ONEDNN_MIN_ROWS rows on an AMX CPU take oneDNN over the weight reordered at load."""
-    reordered = _onednn_weight_for(x, weight, bias)
-    if reordered is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, reordered, bias, "none", [], "")
+    (see `_kernel_for`), or here when neither serves the call."""
     kernel, reads_panels = _kernel_for(x, weight, bias)
     if kernel is not None:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
@@ -79,22 +73,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def _onednn_weight_for(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor | None:
-    """The weight's oneDNN reorder when this call takes it: bf16 x (2-D, rows contiguous)
-    of at least ONEDNN_MIN_ROWS rows over a bf16 weight reordered at load, on CPU
-    with the kernels serving (their `disabled()` keeps the plain torch ops)."""
-    reordered = getattr(weight, ONEDNN_ATTR, None)
-    if reordered is None or x.dim() != 2 or x.shape[0] < ONEDNN_MIN_ROWS:
-        return None
-    if x.dtype != torch.bfloat16 or (bias is not None and bias.dtype != x.dtype):
-        return None
-    if x.stride(1) != 1 or not cpu_kernels.usable(x):
-        return None
-    return reordered
-
-
 def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """(our kernel for this call or None, whether it is linear_packed, which reads the
     weight's load-time panels where it has them): linear_small_m for the rows `small_m_rows`
@@ -102,8 +80,7 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     the AVX-512 bf16 dot product, and for a half weight under float32 (it widens a panel
     at a time instead of F.linear's whole-weight copy per call), except past
     PACKED_MAX_ROWS_AVX512 rows on AVX-512, where MKL over the widened weight is faster.
-    Where oneDNN serves bf16 GEMMs, all-bf16 calls take linear_small_m below
-    ONEDNN_MIN_ROWS and F.linear (oneDNN) past them."""
+    Where the kernels have AMX tiles, `amx_rows` routes all-bf16 calls over panels."""
     if x.dim() != 2 or x.stride(1) != 1 or not weight.is_contiguous():
         return None, False
     half_under_float = x.dtype == torch.float32 and weight.dtype in HALF_WEIGHT_DTYPES
@@ -111,8 +88,10 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if not dtypes_ok or (bias is not None and bias.dtype != x.dtype) or not cpu_kernels.usable(x):
         return None, False
     kernels = cpu_kernels.load()
-    if x.dtype == weight.dtype == torch.bfloat16 and cpu_kernels.onednn_bf16_gemm():
-        return (kernels.linear_small_m if x.shape[0] < ONEDNN_MIN_ROWS else None), False
+    if x.dtype == weight.dtype == torch.bfloat16 and amx_rows(kernels, x.shape[1], weight):
+        if x.shape[0] < AMX_MIN_ROWS:
+            return kernels.linear_small_m, False
+        return kernels.linear_packed, True  # AMX tiles over the panels
     if small_m_rows(x.shape[0], x.shape[1], half_under_float):
         return kernels.linear_small_m, False
     if kernels.bf16_dot and x.dtype == weight.dtype == torch.bfloat16:
@@ -123,6 +102,18 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if kernels.vector_isa == "avx512" and x.shape[0] > PACKED_MAX_ROWS_AVX512:
         return None, False  # widened, then F.linear
     return kernels.linear_packed, True
+
+
+def amx_rows(kernels, width: int, weight: torch.Tensor) -> bool:
+    """Whether all-bf16 calls over `weight` with inputs `width` wide take the AMX routing
+    (small-M below AMX_MIN_ROWS, the tiles from there): the kernels have the tiles, the
+    weight has its load-time panels, the width is a multiple of AMX_K_MULTIPLE (the rule
+    decoder_layer.cpp applies too)."""
+    return (
+        width % AMX_K_MULTIPLE == 0
+        and getattr(weight, PANELS_ATTR, None) is not None
+        and kernels.amx_tiles()
+    )
 
 
 def small_m_rows(rows: int, width: int, half_under_float: bool) -> bool:

@@ -52,13 +52,11 @@ def attach(model: nn.Module, compute_dtype: torch.dtype) -> None:
     kernels = cpu_kernels.load()
     if kernels is None or kernels.weight_panel_width == 0:
         return
-    if compute_dtype == torch.bfloat16 and (
-        not kernels.bf16_dot or cpu_kernels.onednn_bf16_gemm()
-    ):
-        return  # bf16 past the small-M rows: linear_packed, or oneDNN where it serves
+    if compute_dtype == torch.bfloat16 and not kernels.bf16_dot:
+        return
     weights = [
         w
-        for w in linear_weights(model)
+        for w in _linear_weights(model)
         if w.dtype == torch.bfloat16 and w.dim() == 2 and w.is_contiguous()
     ]
     width = kernels.weight_panel_width
@@ -84,7 +82,7 @@ def _panel_bytes(weight: torch.Tensor, width: int) -> int:
     return -(-n // width) * ((k + 1) // 2) * width * 4
 
 
-def linear_weights(model: nn.Module) -> list[torch.Tensor]:
+def _linear_weights(model: nn.Module) -> list[torch.Tensor]:
     """Each linear layer's weight and the lm_head's (a tied embedding's too), once each."""
     weights = [m.weight for m in model.modules() if isinstance(m, LinearBase)]
     lm_head = getattr(model, "lm_head", None)

@@ -13,7 +13,7 @@ from torch import nn
 from sglang.srt import huge_pages
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.environ import envs
-from sglang.srt.layers import cpu_kernels, onednn_weights, weight_panels
+from sglang.srt.layers import cpu_kernels, weight_panels
 from sglang.srt.layers.linear import HALF_WEIGHT_DTYPES, LinearBase
 from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from sglang.srt.model_loader.weight_utils import (
@@ -82,7 +82,6 @@ def get_model(
             model.load_weights(weight_iterator(path, load_format))
     if torch.device(device).type == "cpu":
         cpu_kernels.load()  # built (or loaded from the cache) at start-up, not mid-request
-        onednn_weights.attach(model, model_config.dtype)  # bf16 on AMX CPUs
         weight_panels.attach(model, model_config.dtype)  # packs only where they are read
     return model
 
