@@ -360,6 +360,32 @@ def test_long_extends_half_precision(kernels, q_dtype, pool_dtype, tol):
     torch.testing.assert_close(out.view(-1, hq, d).float(), expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("amx", [True, False])
+@pytest.mark.parametrize(
+    "hq,hkv,d,window,cap,page_size",
+    [(8, 2, 128, 0, 0.0, 1), (4, 4, 64, 0, 0.0, 4), (6, 2, 64, 20, 0.0, 1), (8, 1, 128, 0, 30.0, 4),
+     (16, 8, 128, 7, 5.0, 1)],
+)
+def test_long_extends_all_bf16(native_kernels, amx_tiles, amx, hq, hkv, d, window, cap, page_size):
+    """A bf16 model over a bf16 pool, the prefill path of `dtype auto` on AMX and AVX-512
+    bf16 CPUs: on AMX tiles where the CPU has them (q k^T and p v as tile products, the
+    probabilities rounded to bf16 as flash attention does on GPUs; head_dim a multiple of
+    64), else the float32 vector path; within bf16's precision of float32 attention over
+    the same values, GQA, windows, soft caps, pages of 1 and 4, prefixes up to 130."""
+    amx_tiles(amx)
+    gen = torch.Generator().manual_seed(hq * 10 + d + window)
+    prefix, ext = [0, 45, 3, 130], [150, 17, 2, 70]
+    args, (tok_rows, tok_lens) = _extend_case(prefix, ext, hq, hkv, d, page_size, gen,
+                                              torch.bfloat16, torch.bfloat16, scale=2.0)  # fmt: skip
+    out, q, k, v, pool, loc, table = args[:7]
+    native_kernels.paged_attention(*args, d**-0.5, cap, window, True)
+    seen = pool.float()  # the prefix from the pool, the new tokens' K/V as given
+    seen[loc, 0], seen[loc, 1] = k.reshape(-1, hkv, d).float(), v.reshape(-1, hkv, d).float()
+    expected = _reference_decode(q.float().reshape(-1, hq, d), seen, table, tok_rows, tok_lens,
+                                 d**-0.5, window, cap, hkv)  # fmt: skip
+    torch.testing.assert_close(out.view(-1, hq, d).float(), expected, atol=3e-2, rtol=2e-2)
+
+
 def test_long_extends_without_save_kv_read_the_new_keys_from_the_pool(kernels):
     """save_kv false: the new tokens' K/V are already in the pool (k and v unused)."""
     gen = torch.Generator().manual_seed(5)

@@ -14,8 +14,11 @@
 //   o  [R, D] += sc vf, in register tiles
 // and at the end out <- o / sum. Packing a key block costs 2 x kKeyBlock x D conversions
 // against 2 x R x kKeyBlock x D multiply-adds.
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "common.h"
 #include "paged.h"
 #include "vec.h"
@@ -251,6 +254,192 @@ void attend_item(const Item& it, const T* q, T* out, const P* pool, NewKV<T> fre
   }
 }
 
+
+#if defined(SGL_HAVE_AMX_BF16)
+// The same item on AMX tiles, for bf16 q over a bf16 pool with head_dim a multiple of 32:
+// scores = q k^T and o += p v as tile products (TDPBF16PS, float32 sums), the online
+// softmax as above in float32 vectors. q stays bf16 (the scale multiplies the float32
+// scores), and the probabilities are rounded to bf16 for p v, as flash attention does on
+// GPUs. Rows are padded to whole 16-row tiles with zeros.
+//   qb  [R16, D] bf16             A tiles of q k^T
+//   ktw [D / 2, kKeyBlock] words  B tiles of q k^T: word (p, j) = key j's d pair p
+//   pb  [R16, kKeyBlock] bf16     A tiles of p v (zero past the block's keys)
+//   vbw [kKeyBlock / 2, D] words  B tiles of p v: word (p, i) = value i of keys 2p, 2p + 1
+struct AmxScratch {
+  std::vector<c10::BFloat16> qb, pb;
+  std::vector<uint32_t> ktw, vbw;
+  AmxScratch(int64_t rows16, int64_t d)
+      : qb(rows16 * d), pb(rows16 * kKeyBlock), ktw(d / 2 * kKeyBlock), vbw(kKeyBlock / 2 * d) {}
+};
+
+constexpr int64_t kAmxRows = 16;
+static_assert(kKeyBlock == 64, "the score tiles below are 4 x 16 keys");
+
+inline int64_t round_up16(int64_t n) { return (n + kAmxRows - 1) / kAmxRows * kAmxRows; }
+
+// ktw, vbw <- keys and values [j0, j0 + n) of KV head h (zero past n).
+template <typename P>
+void pack_keys_amx(const KeySource<c10::BFloat16, P>& src, int64_t j0, int64_t n, int64_t h,
+                   const DecodeShape& s, uint32_t* ktw, uint32_t* vbw) {
+  const int64_t d = s.head_dim, words = d / 2;
+  __m512 block[16];
+  for (int64_t jj = 0; jj < kKeyBlock; jj += 16) {  // 16 keys' words, transposed
+    for (int64_t w0 = 0; w0 < words; w0 += 16) {
+      for (int64_t t = 0; t < 16; ++t) {
+        block[t] = _mm512_setzero_ps();
+        if (jj + t < n) {
+          src.visit(j0 + jj + t, h, s, [&](const auto* key, const auto*) {
+            block[t] = _mm512_loadu_ps(reinterpret_cast<const float*>(key) + w0);
+          });
+        }
+      }
+      vtranspose(block);
+      for (int64_t t = 0; t < 16; ++t) {
+        _mm512_storeu_ps(reinterpret_cast<float*>(ktw + (w0 + t) * kKeyBlock + jj), block[t]);
+      }
+    }
+  }
+  // value pairs: 16 values of key 2p and of key 2p + 1 interleaved into 16 words
+  const __m512i interleave = _mm512_set_epi16(
+      47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+      39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  for (int64_t p = 0; p < kKeyBlock / 2; ++p) {
+    const c10::BFloat16* rows[2] = {nullptr, nullptr};
+    for (int64_t e = 0; e < 2; ++e) {
+      if (2 * p + e < n) {
+        src.visit(j0 + 2 * p + e, h, s, [&](const auto*, const auto* value) { rows[e] = value; });
+      }
+    }
+    for (int64_t i = 0; i < d; i += 16) {
+      const __m512i a = rows[0] ? _mm512_castsi256_si512(_mm256_loadu_si256(
+                                      reinterpret_cast<const __m256i*>(rows[0] + i)))
+                                : _mm512_setzero_si512();
+      const __m512i b = rows[1] ? _mm512_castsi256_si512(_mm256_loadu_si256(
+                                      reinterpret_cast<const __m256i*>(rows[1] + i)))
+                                : _mm512_setzero_si512();
+      _mm512_storeu_si512(vbw + p * d + i, _mm512_permutex2var_epi16(a, interleave, b));
+    }
+  }
+}
+
+// sc rows [0, R16) x the block's 64 keys <- (qb . ktw) * scale.
+void scores_amx(const c10::BFloat16* qb, const uint32_t* ktw, float* sc, int64_t rows16,
+                int64_t d, float scale) {
+  constexpr int64_t ktw_ld = kKeyBlock * 4, sc_ld = kKeyBlock * 4;
+  const int64_t q_ld = d * 2;
+  for (int64_t r0 = 0; r0 < rows16; r0 += kAmxRows) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t d0 = 0; d0 < d; d0 += 32) {
+      _tile_loadd(4, qb + r0 * d + d0, q_ld);
+      const uint32_t* b = ktw + (d0 / 2) * kKeyBlock;
+      _tile_loadd(5, b, ktw_ld);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_loadd(5, b + 16, ktw_ld);
+      _tile_dpbf16ps(1, 4, 5);
+      _tile_loadd(5, b + 32, ktw_ld);
+      _tile_dpbf16ps(2, 4, 5);
+      _tile_loadd(5, b + 48, ktw_ld);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+    float* out = sc + r0 * kKeyBlock;
+    _tile_stored(0, out, sc_ld);
+    _tile_stored(1, out + 16, sc_ld);
+    _tile_stored(2, out + 32, sc_ld);
+    _tile_stored(3, out + 48, sc_ld);
+  }
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < rows16 * kKeyBlock; i += 16) {
+    _mm512_storeu_ps(sc + i, _mm512_mul_ps(vs, _mm512_loadu_ps(sc + i)));
+  }
+}
+
+// o rows [0, R16) += pb . vbw, 4 tiles of 16 columns of o at a time.
+void values_amx(const c10::BFloat16* pb, const uint32_t* vbw, float* o, int64_t rows16,
+                int64_t d) {
+  constexpr int64_t pb_ld = kKeyBlock * 2;
+  const int64_t o_ld = d * 4, v_ld = d * 4;
+  for (int64_t r0 = 0; r0 < rows16; r0 += kAmxRows) {
+    for (int64_t c0 = 0; c0 < d; c0 += 64) {
+      float* oc = o + r0 * d + c0;
+      _tile_loadd(0, oc, o_ld);
+      _tile_loadd(1, oc + 16, o_ld);
+      _tile_loadd(2, oc + 32, o_ld);
+      _tile_loadd(3, oc + 48, o_ld);
+      for (int64_t k0 = 0; k0 < kKeyBlock; k0 += 32) {
+        _tile_loadd(4, pb + r0 * kKeyBlock + k0, pb_ld);
+        const uint32_t* b = vbw + (k0 / 2) * d + c0;
+        _tile_loadd(5, b, v_ld);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(5, b + 16, v_ld);
+        _tile_dpbf16ps(1, 4, 5);
+        _tile_loadd(5, b + 32, v_ld);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_loadd(5, b + 48, v_ld);
+        _tile_dpbf16ps(3, 4, 5);
+      }
+      _tile_stored(0, oc, o_ld);
+      _tile_stored(1, oc + 16, o_ld);
+      _tile_stored(2, oc + 32, o_ld);
+      _tile_stored(3, oc + 48, o_ld);
+    }
+  }
+}
+
+// attend_item on the tiles (head_dim a multiple of 64 here: the p v loop takes 64 columns
+// of o at a time).
+template <typename P>
+void attend_item_amx(const Item& it, const c10::BFloat16* q, c10::BFloat16* out, const P* pool,
+                     NewKV<c10::BFloat16> fresh, const int32_t* table, const int64_t* pool_idx,
+                     const int64_t* seq_lens, const int64_t* extend_lens,
+                     const int64_t* token_start, const DecodeShape& s, Scratch& w,
+                     AmxScratch& a) {
+  const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads, rows = it.tokens * group;
+  const int64_t rows16 = round_up16(rows);
+  const int64_t prefix = seq_lens[it.req] - extend_lens[it.req];
+  const int64_t first_pos = prefix + it.token0, last_pos = first_pos + it.tokens - 1;
+  const KeySource<c10::BFloat16, P> keys{pool, table + pool_idx[it.req] * s.table_stride, fresh,
+                                         prefix, token_start[it.req]};
+  auto lowest = [&](int64_t p) { return s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0; };
+  for (int64_t r = 0; r < rows16; ++r) {
+    c10::BFloat16* dst = a.qb.data() + r * d;
+    if (r < rows) {
+      const int64_t tok = token_start[it.req] + it.token0 + r / group;
+      std::memcpy(dst, q + tok * s.q_stride + (it.kv_head * group + r % group) * d, d * 2);
+    } else {
+      std::memset(dst, 0, d * 2);
+    }
+  }
+  std::fill(w.o.begin(), w.o.begin() + rows16 * d, 0.f);
+  std::fill(w.m.begin(), w.m.begin() + rows, -INFINITY);
+  std::fill(w.l.begin(), w.l.begin() + rows, 0.f);
+  std::fill(a.pb.begin(), a.pb.end(), c10::BFloat16(0.f));
+  for (int64_t j0 = lowest(first_pos); j0 <= last_pos; j0 += kKeyBlock) {
+    const int64_t n = std::min(kKeyBlock, last_pos + 1 - j0);
+    pack_keys_amx(keys, j0, n, it.kv_head, s, a.ktw.data(), a.vbw.data());
+    scores_amx(a.qb.data(), a.ktw.data(), w.sc.data(), rows16, d, s.scale);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p = first_pos + r / group;
+      float* sc = &w.sc[r * kKeyBlock];
+      softmax_row(sc, n, j0, lowest(p), p + 1, s, w.m[r], w.l[r], &w.o[r * d]);
+      c10::BFloat16* pr = &a.pb[r * kKeyBlock];
+      for (int64_t j = 0; j < kKeyBlock; j += 16) {  // bf16 probabilities, zero past n
+        const __m512 v = j < n ? vload_first(sc + j, n - j, 0.f) : _mm512_setzero_ps();
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + j), (__m256i)_mm512_cvtneps_pbh(v));
+      }
+    }
+    values_amx(a.pb.data(), a.vbw.data(), w.o.data(), rows16, d);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t tok = token_start[it.req] + it.token0 + r / group;
+    c10::BFloat16* dst = out + tok * s.out_stride + (it.kv_head * group + r % group) * d;
+    const vfloat inv = vset1(1.f / w.l[r]);
+    for (int64_t i = 0; i < d; i += kVecWidth) vstore(dst + i, vmul(inv, vload(&w.o[r * d + i])));
+  }
+}
+#endif
 }  // namespace
 
 bool extend_tiled_serves(int64_t max_extend, int64_t head_dim) {
@@ -272,6 +461,24 @@ void attend_extend_tiled(const T* q, T* out, const P* pool, NewKV<T> fresh, cons
   mean_keys = std::max<int64_t>(1, mean_keys / std::max<int64_t>(1, bs));
   const std::vector<Item> items = make_items(extend_lens, bs, s.kv_heads, block_tokens);
   const int64_t work_per_item = 2 * block_tokens * group * d * mean_keys;
+#if defined(SGL_HAVE_AMX_BF16)
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<P, c10::BFloat16>) {
+    if (d % 64 == 0 && amx_tiles()) {  // q k^T and p v on the tiles
+      const int64_t rows16 = round_up16(block_tokens * group);
+      sgl_cpu::parallel_for_claimed(0, int64_t(items.size()), work_per_item, [&](int64_t begin, int64_t end) {
+        configure_amx_tiles();
+        Scratch w(rows16, d);
+        AmxScratch a(rows16, d);
+        for (int64_t i = begin; i < end; ++i) {
+          attend_item_amx(items[i], q, out, pool, fresh, table, pool_idx, seq_lens, extend_lens,
+                          token_start.data(), s, w, a);
+        }
+        _tile_release();
+      });
+      return;
+    }
+  }
+#endif
   sgl_cpu::parallel_for_claimed(0, int64_t(items.size()), work_per_item, [&](int64_t begin, int64_t end) {
     Scratch w(block_tokens * group, d);
     for (int64_t i = begin; i < end; ++i) {

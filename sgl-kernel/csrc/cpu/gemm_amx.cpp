@@ -19,6 +19,8 @@
 
 #include <atomic>
 
+#include "amx.h"
+
 namespace sgl_cpu {
 namespace {
 std::atomic<bool> amx_wanted{true};  // SGLANG_CPU_AMX, set at load (cpu_kernels.py)
@@ -54,25 +56,6 @@ constexpr int64_t kBlockRows = 32;  // rows per work item: two A tiles of 16
 constexpr int64_t kTileRows = 16;
 constexpr int64_t kPanelRowBytes = kPanel * 4;
 constexpr int64_t kXBlockBytes = 256 << 10;  // x rows per pass over the panels (L2)
-
-// ldtilecfg's 64-byte operand: palette 1, each tile's rows and bytes per row.
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tiles 0-3: C (16 x 16 float32), 4-5: A (16 rows x 32 bf16), 6-7: B (16 pairs x 16 columns).
-void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = kTileRows;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
 
 struct AmxCall {
   int64_t m, n, k, x_stride;
@@ -160,7 +143,7 @@ void linear_amx_bf16(at::Tensor& out, const at::Tensor& x, const c10::BFloat16* 
   const int64_t blocks = full_blocks + (tail_rows > 0);
   const int64_t x_blocks = std::max<int64_t>(1, kXBlockBytes / (kBlockRows * c.k * 2));
   sgl_cpu::parallel_for(0, num_panels, kPanel * c.k * c.m, [&](int64_t begin, int64_t end) {
-    configure_tiles();
+    configure_amx_tiles();
     alignas(64) float scratch[kBlockRows * kPanel];
     for (int64_t b0 = 0; b0 < blocks; b0 += x_blocks) {
       const int64_t b1 = std::min(blocks, b0 + x_blocks);

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 
+#include "amx.h"
 #include "vec.h"
 
 namespace sgl_cpu {
@@ -16,13 +17,7 @@ void linear_packed_bf16_dot(at::Tensor& out, const at::Tensor& x, const at::Tens
                             const c10::BFloat16* bias, const uint32_t* packed);
 int64_t bf16_dot_panel_width();  // output columns per panel
 #endif
-// Whether bf16 linears over load-time panels multiply on AMX tiles: a build with them, the
-// OS granting the tile state, and use_amx_tiles not turned off (gemm_amx.cpp; every build).
-bool amx_tiles();
-void use_amx_tiles(bool on);
 #if defined(SGL_HAVE_AMX_BF16)
-// Whether the OS granted this process the AMX tile state (asked once).
-bool amx_tiles_usable();
 // Whether linear_amx_bf16 serves an input K wide: a multiple of 32, amx_tiles().
 bool amx_serves(int64_t k);
 // out [M, N] <- x [M, K] @ W^T (+ bias [N] or nullptr), all bf16, W as its load-time

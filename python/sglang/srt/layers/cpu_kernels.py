@@ -58,6 +58,7 @@ HEADER_FILES = (
     "paged.h",
     "decoder_layer.h",
     "gemm_packed_bf16.h",
+    "amx.h",
     "parallel.h",
 )
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  # part of the cache key
