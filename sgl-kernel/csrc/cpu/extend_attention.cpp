@@ -260,22 +260,36 @@ void attend_item(const Item& it, const T* q, T* out, const P* pool, NewKV<T> fre
 // scores = q k^T and o += p v as tile products (TDPBF16PS, float32 sums), the online
 // softmax as above in float32 vectors. q stays bf16 (the scale multiplies the float32
 // scores), and the probabilities are rounded to bf16 for p v, as flash attention does on
-// GPUs. Rows are padded to whole 16-row tiles with zeros.
-//   qb  [R16, D] bf16             A tiles of q k^T
+// GPUs. Rows are padded to whole 32-row pairs of tiles with zeros.
+// Each key block (64 keys from a multiple of 64, of one request and KV head) is packed
+// once per call, before the items, which then share it (an item of a long prompt's last
+// tokens sees every block of it):
 //   ktw [D / 2, kKeyBlock] words  B tiles of q k^T: word (p, j) = key j's d pair p
-//   pb  [R16, kKeyBlock] bf16     A tiles of p v (zero past the block's keys)
 //   vbw [kKeyBlock / 2, D] words  B tiles of p v: word (p, i) = value i of keys 2p, 2p + 1
+// and per item:
+//   qb  [R32, D] bf16             A tiles of q k^T
+//   pb  [R32, kKeyBlock] bf16     A tiles of p v (zero past the block's keys)
 struct AmxScratch {
   std::vector<c10::BFloat16> qb, pb;
-  std::vector<uint32_t> ktw, vbw;
-  AmxScratch(int64_t rows16, int64_t d)
-      : qb(rows16 * d), pb(rows16 * kKeyBlock), ktw(d / 2 * kKeyBlock), vbw(kKeyBlock / 2 * d) {}
+  AmxScratch(int64_t rows32, int64_t d) : qb(rows32 * d), pb(rows32 * kKeyBlock) {}
+};
+
+// Where the packed key blocks of the call are: request b's block i of KV head h at
+// words (first_block[b] + i) * kv_heads + h times block_words.
+struct PackedKeys {
+  std::vector<int64_t> first_block;  // [bs + 1]: blocks of requests before b
+  int64_t kv_heads, block_words;     // block_words: ktw's then vbw's words (D * kKeyBlock)
+  uint32_t* words;
+
+  uint32_t* block(int64_t b, int64_t i, int64_t h) const {
+    return words + ((first_block[b] + i) * kv_heads + h) * block_words;
+  }
 };
 
 constexpr int64_t kAmxRows = 16;
 static_assert(kKeyBlock == 64, "the score tiles below are 4 x 16 keys");
 
-inline int64_t round_up16(int64_t n) { return (n + kAmxRows - 1) / kAmxRows * kAmxRows; }
+inline int64_t round_up32(int64_t n) { return (n + 31) / 32 * 32; }
 
 // ktw, vbw <- keys and values [j0, j0 + n) of KV head h (zero past n).
 template <typename P>
@@ -322,88 +336,90 @@ void pack_keys_amx(const KeySource<c10::BFloat16, P>& src, int64_t j0, int64_t n
   }
 }
 
-// sc rows [0, R16) x the block's 64 keys <- (qb . ktw) * scale.
-void scores_amx(const c10::BFloat16* qb, const uint32_t* ktw, float* sc, int64_t rows16,
+// The products below run 2 x 2 tiles at a time (rows r0 and r0 + 16, two 16-column
+// groups): two A and two B tiles per step feed four C tiles, so no tile is reloaded while
+// a product still reads it (one B tile reused for four products serialized them: ~8x
+// slower). Rows are padded to multiples of 32.
+
+// sc rows [0, R32) x the block's 64 keys <- (qb . ktw) * scale.
+void scores_amx(const c10::BFloat16* qb, const uint32_t* ktw, float* sc, int64_t rows32,
                 int64_t d, float scale) {
   constexpr int64_t ktw_ld = kKeyBlock * 4, sc_ld = kKeyBlock * 4;
   const int64_t q_ld = d * 2;
-  for (int64_t r0 = 0; r0 < rows16; r0 += kAmxRows) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t d0 = 0; d0 < d; d0 += 32) {
-      _tile_loadd(4, qb + r0 * d + d0, q_ld);
-      const uint32_t* b = ktw + (d0 / 2) * kKeyBlock;
-      _tile_loadd(5, b, ktw_ld);
-      _tile_dpbf16ps(0, 4, 5);
-      _tile_loadd(5, b + 16, ktw_ld);
-      _tile_dpbf16ps(1, 4, 5);
-      _tile_loadd(5, b + 32, ktw_ld);
-      _tile_dpbf16ps(2, 4, 5);
-      _tile_loadd(5, b + 48, ktw_ld);
-      _tile_dpbf16ps(3, 4, 5);
+  for (int64_t r0 = 0; r0 < rows32; r0 += 2 * kAmxRows) {
+    for (int64_t c0 = 0; c0 < kKeyBlock; c0 += 32) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t d0 = 0; d0 < d; d0 += 32) {
+        _tile_loadd(4, qb + r0 * d + d0, q_ld);
+        _tile_loadd(5, qb + (r0 + kAmxRows) * d + d0, q_ld);
+        const uint32_t* b = ktw + (d0 / 2) * kKeyBlock + c0;
+        _tile_loadd(6, b, ktw_ld);
+        _tile_loadd(7, b + 16, ktw_ld);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      float* out = sc + r0 * kKeyBlock + c0;
+      _tile_stored(0, out, sc_ld);
+      _tile_stored(1, out + 16, sc_ld);
+      _tile_stored(2, out + kAmxRows * kKeyBlock, sc_ld);
+      _tile_stored(3, out + kAmxRows * kKeyBlock + 16, sc_ld);
     }
-    float* out = sc + r0 * kKeyBlock;
-    _tile_stored(0, out, sc_ld);
-    _tile_stored(1, out + 16, sc_ld);
-    _tile_stored(2, out + 32, sc_ld);
-    _tile_stored(3, out + 48, sc_ld);
   }
   const __m512 vs = _mm512_set1_ps(scale);
-  for (int64_t i = 0; i < rows16 * kKeyBlock; i += 16) {
+  for (int64_t i = 0; i < rows32 * kKeyBlock; i += 16) {
     _mm512_storeu_ps(sc + i, _mm512_mul_ps(vs, _mm512_loadu_ps(sc + i)));
   }
 }
 
-// o rows [0, R16) += pb . vbw, 4 tiles of 16 columns of o at a time.
-void values_amx(const c10::BFloat16* pb, const uint32_t* vbw, float* o, int64_t rows16,
+// o rows [0, R32) += pb . vbw, 32 columns of o at a time.
+void values_amx(const c10::BFloat16* pb, const uint32_t* vbw, float* o, int64_t rows32,
                 int64_t d) {
   constexpr int64_t pb_ld = kKeyBlock * 2;
   const int64_t o_ld = d * 4, v_ld = d * 4;
-  for (int64_t r0 = 0; r0 < rows16; r0 += kAmxRows) {
-    for (int64_t c0 = 0; c0 < d; c0 += 64) {
+  for (int64_t r0 = 0; r0 < rows32; r0 += 2 * kAmxRows) {
+    for (int64_t c0 = 0; c0 < d; c0 += 32) {
       float* oc = o + r0 * d + c0;
+      float* oc_lower = oc + kAmxRows * d;
       _tile_loadd(0, oc, o_ld);
       _tile_loadd(1, oc + 16, o_ld);
-      _tile_loadd(2, oc + 32, o_ld);
-      _tile_loadd(3, oc + 48, o_ld);
+      _tile_loadd(2, oc_lower, o_ld);
+      _tile_loadd(3, oc_lower + 16, o_ld);
       for (int64_t k0 = 0; k0 < kKeyBlock; k0 += 32) {
         _tile_loadd(4, pb + r0 * kKeyBlock + k0, pb_ld);
+        _tile_loadd(5, pb + (r0 + kAmxRows) * kKeyBlock + k0, pb_ld);
         const uint32_t* b = vbw + (k0 / 2) * d + c0;
-        _tile_loadd(5, b, v_ld);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(5, b + 16, v_ld);
-        _tile_dpbf16ps(1, 4, 5);
-        _tile_loadd(5, b + 32, v_ld);
-        _tile_dpbf16ps(2, 4, 5);
-        _tile_loadd(5, b + 48, v_ld);
-        _tile_dpbf16ps(3, 4, 5);
+        _tile_loadd(6, b, v_ld);
+        _tile_loadd(7, b + 16, v_ld);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
       }
       _tile_stored(0, oc, o_ld);
       _tile_stored(1, oc + 16, o_ld);
-      _tile_stored(2, oc + 32, o_ld);
-      _tile_stored(3, oc + 48, o_ld);
+      _tile_stored(2, oc_lower, o_ld);
+      _tile_stored(3, oc_lower + 16, o_ld);
     }
   }
 }
 
-// attend_item on the tiles (head_dim a multiple of 64 here: the p v loop takes 64 columns
-// of o at a time).
-template <typename P>
-void attend_item_amx(const Item& it, const c10::BFloat16* q, c10::BFloat16* out, const P* pool,
-                     NewKV<c10::BFloat16> fresh, const int32_t* table, const int64_t* pool_idx,
+// attend_item on the tiles (head_dim a multiple of 32; 64 is asked for, as the tiles pay
+// off only from there).
+void attend_item_amx(const Item& it, const c10::BFloat16* q, c10::BFloat16* out,
                      const int64_t* seq_lens, const int64_t* extend_lens,
                      const int64_t* token_start, const DecodeShape& s, Scratch& w,
-                     AmxScratch& a) {
+                     AmxScratch& a, const PackedKeys& packed) {
   const int64_t d = s.head_dim, group = s.q_heads / s.kv_heads, rows = it.tokens * group;
-  const int64_t rows16 = round_up16(rows);
+  const int64_t rows32 = round_up32(rows);
   const int64_t prefix = seq_lens[it.req] - extend_lens[it.req];
   const int64_t first_pos = prefix + it.token0, last_pos = first_pos + it.tokens - 1;
-  const KeySource<c10::BFloat16, P> keys{pool, table + pool_idx[it.req] * s.table_stride, fresh,
-                                         prefix, token_start[it.req]};
   auto lowest = [&](int64_t p) { return s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0; };
-  for (int64_t r = 0; r < rows16; ++r) {
+  for (int64_t r = 0; r < rows32; ++r) {
     c10::BFloat16* dst = a.qb.data() + r * d;
     if (r < rows) {
       const int64_t tok = token_start[it.req] + it.token0 + r / group;
@@ -412,14 +428,16 @@ void attend_item_amx(const Item& it, const c10::BFloat16* q, c10::BFloat16* out,
       std::memset(dst, 0, d * 2);
     }
   }
-  std::fill(w.o.begin(), w.o.begin() + rows16 * d, 0.f);
+  std::fill(w.o.begin(), w.o.begin() + rows32 * d, 0.f);
   std::fill(w.m.begin(), w.m.begin() + rows, -INFINITY);
   std::fill(w.l.begin(), w.l.begin() + rows, 0.f);
   std::fill(a.pb.begin(), a.pb.end(), c10::BFloat16(0.f));
-  for (int64_t j0 = lowest(first_pos); j0 <= last_pos; j0 += kKeyBlock) {
+  // whole packed blocks: keys before a row's window in the first one are masked off
+  for (int64_t j0 = lowest(first_pos) / kKeyBlock * kKeyBlock; j0 <= last_pos; j0 += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, last_pos + 1 - j0);
-    pack_keys_amx(keys, j0, n, it.kv_head, s, a.ktw.data(), a.vbw.data());
-    scores_amx(a.qb.data(), a.ktw.data(), w.sc.data(), rows16, d, s.scale);
+    const uint32_t* ktw = packed.block(it.req, j0 / kKeyBlock, it.kv_head);
+    const uint32_t* vbw = ktw + d / 2 * kKeyBlock;
+    scores_amx(a.qb.data(), ktw, w.sc.data(), rows32, d, s.scale);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t p = first_pos + r / group;
       float* sc = &w.sc[r * kKeyBlock];
@@ -430,7 +448,7 @@ void attend_item_amx(const Item& it, const c10::BFloat16* q, c10::BFloat16* out,
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + j), (__m256i)_mm512_cvtneps_pbh(v));
       }
     }
-    values_amx(a.pb.data(), a.vbw.data(), w.o.data(), rows16, d);
+    values_amx(a.pb.data(), vbw, w.o.data(), rows32, d);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t tok = token_start[it.req] + it.token0 + r / group;
@@ -438,6 +456,37 @@ void attend_item_amx(const Item& it, const c10::BFloat16* q, c10::BFloat16* out,
     const vfloat inv = vset1(1.f / w.l[r]);
     for (int64_t i = 0; i < d; i += kVecWidth) vstore(dst + i, vmul(inv, vload(&w.o[r * d + i])));
   }
+}
+
+// Every key block the call's items read, packed once (in parallel) into a buffer of the
+// calling thread that grows to the largest call and is kept: a prefill's layers reuse it.
+template <typename P>
+PackedKeys pack_all_keys(const P* pool, NewKV<c10::BFloat16> fresh, const int32_t* table,
+                         const int64_t* pool_idx, const int64_t* seq_lens,
+                         const int64_t* extend_lens, const int64_t* token_start, int64_t bs,
+                         const DecodeShape& s) {
+  thread_local std::vector<uint32_t> buffer;
+  PackedKeys packed{std::vector<int64_t>(bs + 1, 0), s.kv_heads, s.head_dim * kKeyBlock, nullptr};
+  for (int64_t b = 0; b < bs; ++b) {
+    packed.first_block[b + 1] = packed.first_block[b] + (seq_lens[b] + kKeyBlock - 1) / kKeyBlock;
+  }
+  const int64_t blocks = packed.first_block[bs] * s.kv_heads;
+  if (int64_t(buffer.size()) < blocks * packed.block_words) buffer.resize(blocks * packed.block_words);
+  packed.words = buffer.data();
+  sgl_cpu::parallel_for(0, blocks, 4 * kKeyBlock * s.head_dim, [&](int64_t begin, int64_t end) {
+    int64_t b = 0;
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t block = g / s.kv_heads, h = g % s.kv_heads;
+      while (packed.first_block[b + 1] <= block) ++b;
+      const int64_t i = block - packed.first_block[b], j0 = i * kKeyBlock;
+      const KeySource<c10::BFloat16, P> keys{pool, table + pool_idx[b] * s.table_stride, fresh,
+                                             seq_lens[b] - extend_lens[b], token_start[b]};
+      uint32_t* ktw = packed.block(b, i, h);
+      pack_keys_amx(keys, j0, std::min(kKeyBlock, seq_lens[b] - j0), h, s, ktw,
+                    ktw + s.head_dim / 2 * kKeyBlock);
+    }
+  });
+  return packed;
 }
 #endif
 }  // namespace
@@ -464,14 +513,16 @@ void attend_extend_tiled(const T* q, T* out, const P* pool, NewKV<T> fresh, cons
 #if defined(SGL_HAVE_AMX_BF16)
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<P, c10::BFloat16>) {
     if (d % 64 == 0 && amx_tiles()) {  // q k^T and p v on the tiles
-      const int64_t rows16 = round_up16(block_tokens * group);
+      const int64_t rows32 = round_up32(block_tokens * group);
+      const PackedKeys packed = pack_all_keys(pool, fresh, table, pool_idx, seq_lens, extend_lens,
+                                              token_start.data(), bs, s);
       sgl_cpu::parallel_for_claimed(0, int64_t(items.size()), work_per_item, [&](int64_t begin, int64_t end) {
         configure_amx_tiles();
-        Scratch w(rows16, d);
-        AmxScratch a(rows16, d);
+        Scratch w(rows32, d);
+        AmxScratch a(rows32, d);
         for (int64_t i = begin; i < end; ++i) {
-          attend_item_amx(items[i], q, out, pool, fresh, table, pool_idx, seq_lens, extend_lens,
-                          token_start.data(), s, w, a);
+          attend_item_amx(items[i], q, out, seq_lens, extend_lens, token_start.data(), s, w, a,
+                          packed);
         }
         _tile_release();
       });
