@@ -280,6 +280,7 @@ struct PackedKeys {
   std::vector<int64_t> first_block;  // [bs + 1]: blocks of requests before b
   int64_t kv_heads, block_words;     // block_words: ktw's then vbw's words (D * kKeyBlock)
   uint32_t* words;
+  std::vector<uint32_t> owned;  // a call past kKeptPackWords packs here, freed after it
 
   uint32_t* block(int64_t b, int64_t i, int64_t h) const {
     return words + ((first_block[b] + i) * kv_heads + h) * block_words;
@@ -459,7 +460,11 @@ void attend_item_amx(const Item& it, const c10::BFloat16* q, c10::BFloat16* out,
 }
 
 // Every key block the call's items read, packed once (in parallel) into a buffer of the
-// calling thread that grows to the largest call and is kept: a prefill's layers reuse it.
+// calling thread that grows to the largest call and is kept (a prefill's layers reuse
+// it), up to this many words (64 MiB: 4,096 keys of 8 KV heads of 128); a larger call
+// (a chunk over a long cached prefix) packs into its own buffer, freed after it.
+constexpr int64_t kKeptPackWords = int64_t(16) << 20;
+
 template <typename P>
 PackedKeys pack_all_keys(const P* pool, NewKV<c10::BFloat16> fresh, const int32_t* table,
                          const int64_t* pool_idx, const int64_t* seq_lens,
@@ -471,8 +476,14 @@ PackedKeys pack_all_keys(const P* pool, NewKV<c10::BFloat16> fresh, const int32_
     packed.first_block[b + 1] = packed.first_block[b] + (seq_lens[b] + kKeyBlock - 1) / kKeyBlock;
   }
   const int64_t blocks = packed.first_block[bs] * s.kv_heads;
-  if (int64_t(buffer.size()) < blocks * packed.block_words) buffer.resize(blocks * packed.block_words);
-  packed.words = buffer.data();
+  const int64_t words = blocks * packed.block_words;
+  if (words > kKeptPackWords) {
+    packed.owned.resize(words);
+    packed.words = packed.owned.data();
+  } else {
+    if (int64_t(buffer.size()) < words) buffer.resize(words);
+    packed.words = buffer.data();
+  }
   sgl_cpu::parallel_for(0, blocks, 4 * kKeyBlock * s.head_dim, [&](int64_t begin, int64_t end) {
     int64_t b = 0;
     for (int64_t g = begin; g < end; ++g) {
