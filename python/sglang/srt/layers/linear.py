@@ -36,8 +36,8 @@ HALF_WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 # bf16 x over a bf16 weight where the kernels multiply on AMX tiles (`amx_rows`): the
 # small-M kernel below this many rows, linear_packed (the tiles, over the load-time
 # panels) from there. On a 2-core Sapphire Rapids-class Xeon (Qwen3-0.6B shapes, 2
-# threads) the small-M kernel was 1.5-2.5x faster at one row, even at 4, and the tiles
-# 1.6-2.2x faster at 8 and 2.9-6x at 32 (benchmark/RESULTS.md).
+# threads) the small-M kernel was 1.3-1.7x faster at one row, even at 4, and the tiles
+# 1.6-2.0x faster at 8 and 4-6.6x at 32 (benchmark/RESULTS.md).
 AMX_MIN_ROWS = 8
 AMX_K_MULTIPLE = 32  # a tile step's K: narrower or ragged inputs take the dot product
 # A weight's panels packed at load for linear_packed hang off it under this attribute
