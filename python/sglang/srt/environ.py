@@ -195,9 +195,10 @@ class Envs:
         "SGLANG_CPU_AMX",
         "bool",
         True,
-        "On CPUs with AMX tiles (amx_bf16), bf16 linears of at least 8 rows multiply on the "
-        "tiles (TDPBF16PS) over the load-time weight panels; 0 keeps the AVX-512 bf16 dot "
-        "product (vdpbf16ps) for every row count.",
+        "On CPUs with AMX tiles (amx_bf16), bf16 linears of at least 8 rows (over the "
+        "load-time weight panels) and a bf16 model's prefill attention over a bf16 KV pool "
+        "multiply on the tiles (TDPBF16PS); 0 keeps the AVX-512 bf16 dot product and the "
+        "float32 vector attention.",
     )
     SGLANG_CPU_HUGE_PAGES = EnvVar(
         "SGLANG_CPU_HUGE_PAGES",
