@@ -38,6 +38,22 @@ inline void configure_amx_tiles() {
   }
   _tile_loadconfig(&cfg);
 }
+
+// One K step of a 2 x 2 tile product: A tiles 4, 5 <- a0, a1 (row stride a_ld bytes);
+// B tiles 6, 7 <- b0, b1 (stride b_ld); C tiles 0-3 += (4, 6), (4, 7), (5, 6), (5, 7).
+// Two A and two B tiles feed four products, so no tile is reloaded while a product
+// still reads it.
+inline void tile_step_2x2(const void* a0, const void* a1, int64_t a_ld, const void* b0,
+                          const void* b1, int64_t b_ld) {
+  _tile_loadd(4, a0, a_ld);
+  _tile_loadd(5, a1, a_ld);
+  _tile_loadd(6, b0, b_ld);
+  _tile_loadd(7, b1, b_ld);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
 #endif
 
 }  // namespace sgl_cpu

@@ -337,10 +337,9 @@ void pack_keys_amx(const KeySource<c10::BFloat16, P>& src, int64_t j0, int64_t n
   }
 }
 
-// The products below run 2 x 2 tiles at a time (rows r0 and r0 + 16, two 16-column
-// groups): two A and two B tiles per step feed four C tiles, so no tile is reloaded while
-// a product still reads it (one B tile reused for four products serialized them: ~8x
-// slower). Rows are padded to multiples of 32.
+// The products below run 2 x 2 tiles at a time (tile_step_2x2: rows r0 and r0 + 16, two
+// 16-column groups; one B tile reused for four products serialized them, ~8x slower).
+// Rows are padded to multiples of 32.
 
 // sc rows [0, R32) x the block's 64 keys <- (qb . ktw) * scale.
 void scores_amx(const c10::BFloat16* qb, const uint32_t* ktw, float* sc, int64_t rows32,
@@ -354,15 +353,8 @@ void scores_amx(const c10::BFloat16* qb, const uint32_t* ktw, float* sc, int64_t
       _tile_zero(2);
       _tile_zero(3);
       for (int64_t d0 = 0; d0 < d; d0 += 32) {
-        _tile_loadd(4, qb + r0 * d + d0, q_ld);
-        _tile_loadd(5, qb + (r0 + kAmxRows) * d + d0, q_ld);
         const uint32_t* b = ktw + (d0 / 2) * kKeyBlock + c0;
-        _tile_loadd(6, b, ktw_ld);
-        _tile_loadd(7, b + 16, ktw_ld);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        tile_step_2x2(qb + r0 * d + d0, qb + (r0 + kAmxRows) * d + d0, q_ld, b, b + 16, ktw_ld);
       }
       float* out = sc + r0 * kKeyBlock + c0;
       _tile_stored(0, out, sc_ld);
@@ -391,15 +383,9 @@ void values_amx(const c10::BFloat16* pb, const uint32_t* vbw, float* o, int64_t 
       _tile_loadd(2, oc_lower, o_ld);
       _tile_loadd(3, oc_lower + 16, o_ld);
       for (int64_t k0 = 0; k0 < kKeyBlock; k0 += 32) {
-        _tile_loadd(4, pb + r0 * kKeyBlock + k0, pb_ld);
-        _tile_loadd(5, pb + (r0 + kAmxRows) * kKeyBlock + k0, pb_ld);
         const uint32_t* b = vbw + (k0 / 2) * d + c0;
-        _tile_loadd(6, b, v_ld);
-        _tile_loadd(7, b + 16, v_ld);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        tile_step_2x2(pb + r0 * kKeyBlock + k0, pb + (r0 + kAmxRows) * kKeyBlock + k0, pb_ld, b,
+                      b + 16, v_ld);
       }
       _tile_stored(0, oc, o_ld);
       _tile_stored(1, oc + 16, o_ld);

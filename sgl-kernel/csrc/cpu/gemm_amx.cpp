@@ -88,15 +88,9 @@ void block(const c10::BFloat16* x_rows, int64_t stride, const uint32_t* panel,
   _tile_zero(3);
   const int64_t stride_bytes = stride * int64_t(sizeof(c10::BFloat16));
   for (int64_t k0 = 0; k0 < c.k; k0 += 32) {
-    _tile_loadd(4, x_rows + k0, stride_bytes);
-    _tile_loadd(5, x_rows + kTileRows * stride + k0, stride_bytes);
     const uint32_t* b = panel + (k0 / 2) * kPanel;
-    _tile_loadd(6, b, kPanelRowBytes);
-    _tile_loadd(7, b + 16, kPanelRowBytes);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    tile_step_2x2(x_rows + k0, x_rows + kTileRows * stride + k0, stride_bytes, b, b + 16,
+                  kPanelRowBytes);
   }
   constexpr int64_t ld = kPanel * int64_t(sizeof(float));  // scratch [32, 32]
   _tile_stored(0, scratch, ld);
