@@ -254,7 +254,6 @@ void attend_item(const Item& it, const T* q, T* out, const P* pool, NewKV<T> fre
   }
 }
 
-
 #if defined(SGL_HAVE_AMX_BF16)
 // The same item on AMX tiles, for bf16 q over a bf16 pool with head_dim a multiple of 32:
 // scores = q k^T and o += p v as tile products (TDPBF16PS, float32 sums), the online

@@ -9,8 +9,7 @@
 // multiply-adds). A work item is 32 rows x one panel: 4 C tiles, 2 A tiles and 2 B tiles
 // (the 8 tiles there are), the K loop in steps of 32; C is stored to a float32 scratch,
 // the bias added and the sums rounded to bf16 once (nearest even), as the dot-product path.
-// Where the K steps are the same K order as that path's pairs, the float32 sums differ in
-// association only.
+// Against that path the float32 sums differ in association only.
 //
 // Shapes: x [M, K] bf16 (rows contiguous, any row stride), K a multiple of 32; panels of W
 // [N, K]; b [N] bf16 or none; out [M, N] bf16 contiguous. The last block's rows past M are
@@ -61,21 +60,6 @@ struct AmxCall {
   int64_t m, n, k, x_stride;
   const c10::BFloat16* bias;  // [N] or nullptr
 };
-
-inline void store_bf16(c10::BFloat16* out, __m512 v, int64_t cols) {
-  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-  if (cols >= 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), h);
-  } else if (cols > 0) {
-    _mm256_mask_storeu_epi16(out, first_lanes(cols), h);
-  }
-}
-
-inline __m512 load_bias(const c10::BFloat16* bias, int64_t n0, int64_t cols) {
-  if (bias == nullptr || cols <= 0) return _mm512_setzero_ps();
-  const __m256i raw = _mm256_maskz_loadu_epi16(first_lanes(cols), bias + n0);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
 
 // out rows [r0, r0 + rows) x columns [n0, n0 + cols) <- 32 rows of x (from `x_rows`, row
 // stride `stride` elements) over one panel.

@@ -79,21 +79,6 @@ void pack_panel(uint32_t* panel, const c10::BFloat16* w, int64_t n0, int64_t col
   }
 }
 
-inline void store_bf16(c10::BFloat16* out, __m512 v, int64_t cols) {
-  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-  if (cols >= kVecWidth) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), h);
-  } else if (cols > 0) {
-    _mm256_mask_storeu_epi16(out, first_lanes(cols), h);
-  }
-}
-
-inline __m512 load_bias(const c10::BFloat16* bias, int64_t n0, int64_t cols) {
-  if (bias == nullptr || cols <= 0) return _mm512_setzero_ps();
-  const __m256i raw = _mm256_maskz_loadu_epi16(first_lanes(cols), bias + n0);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 // out rows [0, R) x columns [n0, n0 + cols) <- x rows [0, R) over the whole panel.
 template <int R>
 void panel_tile(const c10::BFloat16* x, const uint32_t* panel, c10::BFloat16* out, int64_t n0,

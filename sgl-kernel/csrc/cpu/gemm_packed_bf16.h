@@ -10,6 +10,24 @@
 
 namespace sgl_cpu {
 #if defined(SGL_HAVE_BF16_DOT)
+// out[0, cols) <- v rounded to bf16 (nearest even); all 16 lanes when cols >= 16, none
+// when cols <= 0 (an N tail's second vector). The epilogue of both bf16 GEMMs.
+inline void store_bf16(c10::BFloat16* out, __m512 v, int64_t cols) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+  if (cols >= kVecWidth) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), h);
+  } else if (cols > 0) {
+    _mm256_mask_storeu_epi16(out, first_lanes(cols), h);
+  }
+}
+
+// bias[n0, n0 + cols) widened to float32 (zero past cols, or without a bias).
+inline __m512 load_bias(const c10::BFloat16* bias, int64_t n0, int64_t cols) {
+  if (bias == nullptr || cols <= 0) return _mm512_setzero_ps();
+  const __m256i raw = _mm256_maskz_loadu_epi16(first_lanes(cols), bias + n0);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
 // out [M, N] <- x [M, K] @ w [N, K]^T (+ bias [N] or nullptr), all bf16, arguments checked.
 // `packed`: w's panels from pack_weight_panels (at bf16_dot_panel_width()), or nullptr to
 // pack them per call.
