@@ -114,3 +114,25 @@ def test_two_engines_in_one_process(tiny_llama_dir, tiny_qwen2_dir):
         assert a.generate(input_ids=ids, sampling_params=GREEDY)[0]["output_ids"] == out_a
         assert b.generate(input_ids=ids, sampling_params=GREEDY)[0]["output_ids"] == out_b
         assert out_a != out_b
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    """The environment process `pid` started with (Linux)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        raw = f.read().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def test_cpu_scheduler_starts_with_sleeping_openmp_workers(tiny_llama_dir, monkeypatch):
+    """libgomp reads its wait policy at load: the scheduler must start with it, and the
+    caller's environment must come back as it was."""
+    import sglang as sgl
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    with sgl.Engine(model_path=str(tiny_llama_dir), device="cpu", **LIGHT) as llm:
+        scheduler_env = _environ_of(llm.child_pids()["scheduler"])
+        assert scheduler_env.get("OMP_WAIT_POLICY") == "PASSIVE"
+        assert "OMP_WAIT_POLICY" not in os.environ
+        out = llm.generate(input_ids=[[1, 2, 3]], sampling_params=GREEDY)[0]
+        assert len(out["output_ids"]) == 4

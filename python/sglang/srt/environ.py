@@ -226,12 +226,29 @@ class Envs:
         "--attention-backend triton run on cpu, for correctness tests only (very slow).",
     )
 
+    OMP_WAIT_POLICY = EnvVar(
+        "OMP_WAIT_POLICY",
+        "str",
+        None,
+        "OpenMP's own switch, read when torch loads: what a worker does after its share "
+        "of a parallel region. Unset, a CPU scheduler process starts with PASSIVE (sleep "
+        "at once) instead of libgomp's long spin, which holds a core the serving "
+        "processes need; ACTIVE keeps the spin.",
+    )
+    GOMP_SPINCOUNT = EnvVar(
+        "GOMP_SPINCOUNT",
+        "str",
+        None,
+        "libgomp's own switch: how long an idle OpenMP worker spins before it sleeps. "
+        "Set, it is kept and OMP_WAIT_POLICY is not defaulted to PASSIVE.",
+    )
+
     def __iter__(self) -> Iterator[EnvVar]:
         return iter(all_env_vars())
 
 
 # Variables another package defines and reads itself; registered because we read them too
-THIRD_PARTY_VARIABLES = ("TRITON_INTERPRET",)
+THIRD_PARTY_VARIABLES = ("TRITON_INTERPRET", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 def all_env_vars() -> list[EnvVar]:

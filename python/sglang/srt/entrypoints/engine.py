@@ -26,6 +26,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from sglang.srt.entrypoints import child_env
 from sglang.srt.managers.forward_clock import ForwardClock, ForwardClocks
 from sglang.srt.managers.io_struct import (
     ChildFailed,
@@ -158,10 +159,13 @@ def _stop_child(proc: Any) -> None:
         kill_process_tree(proc.pid, timeout_s=3.0)
 
 
-def _spawn(ctx: Any, role: str, target: Callable, args: tuple) -> tuple[Any, Any]:
+def _spawn(
+    ctx: Any, role: str, target: Callable, args: tuple, env: dict[str, str] | None = None
+) -> tuple[Any, Any]:
+    """`env`: variables the child's environment adds to ours (child_env.py)."""
     reader, writer = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=target, args=(*args, writer), name=f"sglang-{role}", daemon=True)
-    with _main_module_hidden():
+    with _main_module_hidden(), child_env.environment(env or {}):
         proc.start()
     writer.close()
     return proc, reader
@@ -363,16 +367,18 @@ def _launch_scheduler_processes(
         return launch_scheduler_actors(children, server_args, port_args, clocks, placement_group)
     from sglang.srt.arg_groups.parallel import node_scheduler_ranks
     from sglang.srt.managers.scheduler_entry import run_scheduler_process
+    from sglang.srt.server_args import resolution_result
 
     tp_size, dp_size, nnodes, node_rank = _layout(server_args)
     dp_ranks, tp_ranks = node_scheduler_ranks(tp_size, dp_size, nnodes, node_rank)
+    env = child_env.scheduler_env(str(resolution_result(server_args, "device")))
     readers = []
     for dp_rank, clock in zip(dp_ranks, clocks, strict=True):
         rank_args = port_args.for_dp_rank(dp_rank)
         for tp_rank in tp_ranks:
             role = scheduler_role(dp_size, tp_size, dp_rank, tp_rank)
             args = (server_args, rank_args, tp_rank, clock if tp_rank == 0 else None)
-            readers.append(_spawn_child(ctx, children, role, run_scheduler_process, args))
+            readers.append(_spawn_child(ctx, children, role, run_scheduler_process, args, env))
     return readers
 
 
@@ -436,9 +442,14 @@ def _relay_until_stopped(children: ChildProcesses, link: WorkerNodeLink) -> int:
 
 
 def _spawn_child(
-    ctx: Any, children: ChildProcesses, role: str, target: Callable, args: tuple
+    ctx: Any,
+    children: ChildProcesses,
+    role: str,
+    target: Callable,
+    args: tuple,
+    env: dict[str, str] | None = None,
 ) -> tuple[str, Any, Any]:
-    proc, reader = _spawn(ctx, role, target, args)
+    proc, reader = _spawn(ctx, role, target, args, env)
     children.procs.append((role, proc))
     return role, proc, reader
 

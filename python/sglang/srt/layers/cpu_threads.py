@@ -18,9 +18,14 @@ OpenMP.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from sglang.srt.environ import envs
 from sglang.srt.layers import cpu_kernels
+
+logger = logging.getLogger(__name__)
 
 # Forwards of at most this many tokens run on the pool. Served on 2 cores (demo model,
 # 128 streams of 128/128 tokens, A/B alternating): 4 -> 64 took concurrency 8 from
@@ -63,6 +68,20 @@ def configure(threads: int) -> None:
         _current._switch(False)
     torch.set_num_threads(threads)
     _current = ForwardThreads(threads)
+    logger.info("CPU forwards on %d threads; idle OpenMP workers: %s", threads, openmp_idle())
+
+
+def openmp_idle() -> str:
+    """What libgomp's idle workers do in this process (its environment, read at load)."""
+    spin_count = envs.GOMP_SPINCOUNT.get()
+    if spin_count is not None:
+        return f"spin GOMP_SPINCOUNT={spin_count}, then sleep"
+    policy = envs.OMP_WAIT_POLICY.get()
+    if policy is None:
+        return "spin, then sleep (libgomp's default)"
+    if policy.strip().upper() == "PASSIVE":
+        return "sleep at once (OMP_WAIT_POLICY=PASSIVE)"
+    return f"OMP_WAIT_POLICY={policy}"
 
 
 def before_forward(num_tokens: int) -> None:
