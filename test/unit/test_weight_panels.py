@@ -155,3 +155,27 @@ def test_panels_over_the_memory_budget_are_not_packed(kernels, monkeypatch, capl
         model = get_model(config, "cpu")
     assert all(panels_of(m.weight) is None for m in model.modules() if isinstance(m, LinearBase))
     assert "not packed" in caplog.text
+
+
+def test_amx_bf16_linears_keep_only_their_panels(kernels, amx_tiles):
+    """bf16 compute with AMX tiles: every linear weight whose calls all read its panels
+    becomes shape-only (meta, no bytes) and gives the row-major weight's results; the
+    lm_head tied to the embedding keeps its rows (the lookups read them). Without the
+    tiles (off, or a CPU without AMX) every weight keeps its rows."""
+    config = ModelConfig(str(demo_target_path()), dtype=torch.bfloat16)
+    amx_tiles(False)
+    rows_model = get_model(config, "cpu")
+    has_tiles = amx_tiles(True)
+    model = get_model(config, "cpu")
+    pairs = [
+        (m, r)
+        for m, r in zip(model.modules(), rows_model.modules(), strict=True)
+        if isinstance(m, LinearBase)
+    ]
+    assert all(m.weight.is_meta == has_tiles for m, _ in pairs)
+    assert not rows_model.lm_head.weight.is_meta and not model.lm_head.weight.is_meta
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied: kept as rows
+    for m, r in pairs:
+        x = torch.randn(3, m.weight.shape[1]).bfloat16()
+        want = F.linear(x.float(), r.weight.float())
+        torch.testing.assert_close(linear(x, m.weight).float(), want, atol=2e-2, rtol=2e-2)

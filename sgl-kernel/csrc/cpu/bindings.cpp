@@ -65,6 +65,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "out <- x @ w^T (+ bias) for many rows over a bf16/fp16 (or float32) w, float32 x",
         py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
         py::arg("panels") = py::none());
+  m.def("linear_panels_small_m", &sgl_cpu::linear_panels_small_m,
+        "out <- x @ w^T (+ bias), all bf16, for a few rows, from w's load-time panels only "
+        "(w may be shape-only, on the meta device)",
+        py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
+        py::arg("panels"));
   m.def("pack_weight_panels", &sgl_cpu::pack_weight_panels,
         "a bf16 weight [N, K] packed once for linear_packed (int32 words, see gemm_packed.cpp)",
         py::arg("w"));

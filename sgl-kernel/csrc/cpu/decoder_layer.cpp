@@ -25,7 +25,7 @@ at::Tensor DecoderLayer::linear(const at::Tensor& x, const at::Tensor& w,
   if (s_.amx_min_rows > 0 && all_bf16 && panels.has_value() && x.size(1) % 32 == 0) {
     at::Tensor out = at::empty({rows, w.size(0)}, x.options());  // as linear.py amx_rows
     if (rows < s_.amx_min_rows) {
-      linear_small_m(out, x, w, bias);
+      linear_panels_small_m(out, x, w, bias, *panels);  // w may be shape-only
     } else {
       linear_packed(out, x, w, bias, panels);  // AMX tiles over the panels
     }

@@ -377,6 +377,16 @@ at::Tensor pack_weight_panels(const at::Tensor& w) {
   return packed;
 }
 
+// w's panels as 32-bit words, checked to be pack_weight_panels(w) at `width`.
+static const uint32_t* panel_words(const at::Tensor& panels, const at::Tensor& w, int64_t width) {
+  TORCH_CHECK(panels.device().is_cpu() && panels.scalar_type() == at::kInt &&
+                  panels.is_contiguous() && panels.dim() == 3 &&
+                  panels.size(0) == (w.size(0) + width - 1) / width &&
+                  panels.size(1) == (w.size(1) + 1) / 2 && panels.size(2) == width,
+              "panels must be pack_weight_panels(w)");
+  return reinterpret_cast<const uint32_t*>(panels.data_ptr<int32_t>());
+}
+
 // out [M, N] <- x [M, K] @ w [N, K]^T (+ bias [N]): float32 x, out and bias with w bf16,
 // fp16 or float32; or all bf16 (the bf16 dot product where the build has it, else
 // at::linear). `panels`: w's panels from pack_weight_panels (a bf16 w under float32 x, or
@@ -387,8 +397,11 @@ void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   const bool all_bf16 = x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16;
   TORCH_CHECK((x.scalar_type() == at::kFloat || all_bf16) && out.scalar_type() == x.scalar_type(),
               "x and out must be float32 (or x, w and out all bfloat16)");
-  TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1),
-              "w must be a contiguous 2-D CPU tensor [N, K] with K = x's columns");
+  // a shape-only (meta) w: its values live only in `panels` (layers/weight_panels.py)
+  const bool w_values = w.device().is_cpu() || (panels.has_value() && w.is_meta());
+  TORCH_CHECK(w_values && w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1),
+              "w must be a contiguous 2-D CPU tensor [N, K] with K = x's columns (or a "
+              "shape-only one with its panels)");
   TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16 ||
                   w.scalar_type() == at::kHalf,
               "w must be float32, bfloat16 or float16");
@@ -405,12 +418,9 @@ void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                     w.scalar_type() == at::kBFloat16,
                 "panels are for a bfloat16 w under float32 or bfloat16 x on the AVX2/AVX-512 "
                 "build");
-    TORCH_CHECK(panels->scalar_type() == at::kInt && panels->is_contiguous() &&
-                    panels->dim() == 3 && panels->size(0) == (w.size(0) + width - 1) / width &&
-                    panels->size(1) == (w.size(1) + 1) / 2 && panels->size(2) == width,
-                "panels must be pack_weight_panels(w)");
-    words = reinterpret_cast<const uint32_t*>(panels->data_ptr<int32_t>());
+    words = panel_words(*panels, w, width);
   }
+  TORCH_CHECK(words != nullptr || !w.is_meta(), "a shape-only w needs its panels");
   if (all_bf16) {
 #if defined(SGL_HAVE_BF16_DOT)
     TORCH_CHECK(words == nullptr || bf16_dot_panel_width() == weight_panel_width(),
@@ -434,6 +444,26 @@ void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   }
 #else
   out.copy_(at::linear(x, w.to(at::kFloat), has_bias ? *bias : at::Tensor()));
+#endif
+}
+
+// out [M, N] <- x [M, K] @ w [N, K]^T (+ bias [N]), all bf16, read from w's panels only
+// (w may be shape-only): the decode-size GEMV (gemm_packed_bf16.cpp).
+void linear_panels_small_m(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                           const std::optional<at::Tensor>& bias, const at::Tensor& panels) {
+  check_rows(x, "x");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
+                  out.scalar_type() == at::kBFloat16,
+              "x, w and out must be bfloat16");
+  TORCH_CHECK(w.dim() == 2 && w.size(1) == x.size(1), "w must be [N, K] with K = x's columns");
+  const bool has_bias = check_linear_out_bias(out, x, w, bias);
+#if defined(SGL_HAVE_BF16_DOT)
+  const uint32_t* words = panel_words(panels, w, bf16_dot_panel_width());
+  if (x.size(0) == 0 || w.size(0) == 0) return;
+  linear_panels_gemv_bf16(out, x, has_bias ? bias->data_ptr<c10::BFloat16>() : nullptr, words,
+                          w.size(0));
+#else
+  TORCH_CHECK(false, "linear_panels_small_m needs the AVX-512 bf16 dot product");
 #endif
 }
 

@@ -34,6 +34,11 @@ inline __m512 load_bias(const c10::BFloat16* bias, int64_t n0, int64_t cols) {
 void linear_packed_bf16_dot(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                             const c10::BFloat16* bias, const uint32_t* packed);
 int64_t bf16_dot_panel_width();  // output columns per panel
+// out [M, N] <- x [M, K] @ W^T (+ bias [N] or nullptr), all bf16, W as its load-time
+// panels (pack_weight_panels), for the few rows of a decode step: bound by reading the
+// panels, each a sequential stream, with dot products in a few float32 chains per row.
+void linear_panels_gemv_bf16(at::Tensor& out, const at::Tensor& x, const c10::BFloat16* bias,
+                             const uint32_t* packed, int64_t n);
 #endif
 #if defined(SGL_HAVE_AMX_BF16)
 // Whether linear_amx_bf16 serves an input K wide: a multiple of 32, amx_tiles().

@@ -23,6 +23,8 @@ void linear_small_m(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
 void linear_packed(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                    const std::optional<at::Tensor>& bias,
                    const std::optional<at::Tensor>& panels = std::nullopt);
+void linear_panels_small_m(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                           const std::optional<at::Tensor>& bias, const at::Tensor& panels);
 at::Tensor pack_weight_panels(const at::Tensor& w);
 int64_t weight_panel_width();  // output columns per weight panel; 0 without vectors
 }  // namespace sgl_cpu

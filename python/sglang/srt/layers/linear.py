@@ -34,10 +34,13 @@ HALF_WEIGHT_MAX_ROWS = 24
 PACKED_MAX_ROWS_AVX512 = 256
 HALF_WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 # bf16 x over a bf16 weight where the kernels multiply on AMX tiles (`amx_rows`): the
-# small-M kernel below this many rows, linear_packed (the tiles, over the load-time
-# panels) from there. On a 2-core Sapphire Rapids-class Xeon (Qwen3-0.6B shapes, 2
-# threads) the small-M kernel was 1.3-1.7x faster at one row, even at 4, and the tiles
-# 1.6-2.0x faster at 8 and 4-6.6x at 32 (benchmark/RESULTS.md).
+# panels' GEMV (linear_panels_small_m) below this many rows, linear_packed (the tiles)
+# from there, both over the load-time panels, so such a weight needs no row-major copy
+# (weight_panels.py keeps it shape-only). On a 2-core Sapphire Rapids-class Xeon
+# (Qwen3-0.6B shapes, 2 threads) one-row calls on the tiles took 1.3-1.7x the small-M
+# kernel's time, even at 4 rows, the tiles were 1.6-2.0x faster at 8 and 4-6.6x at 32,
+# and the GEMV over the panels runs one row in 0.79-0.97x and four in 0.9-1.1x the
+# small-M kernel's time over the row-major weight (benchmark/RESULTS.md).
 AMX_MIN_ROWS = 8
 AMX_K_MULTIPLE = 32  # a tile step's K: narrower or ragged inputs take the dot product
 # A weight's panels packed at load for linear_packed hang off it under this attribute
@@ -60,6 +63,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     kept in a half checkpoint's dtype under float32 compute (see
     `model_loader.loader.half_weight_dtype`) is widened by our kernels as they load it
     (see `_kernel_for`), or here when neither serves the call."""
+    if weight.is_meta:  # shape-only: its values are in its panels (weight_panels.py)
+        return _linear_from_panels(x, weight, bias)
     kernel, reads_panels = _kernel_for(x, weight, bias)
     if kernel is not None:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
@@ -71,6 +76,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
     return F.linear(x, weight, bias)
+
+
+def _linear_from_panels(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """linear() over a shape-only weight, whose values only its panels hold: x made a
+    contiguous [rows, K] if it is not; the panels' GEMV below AMX_MIN_ROWS rows, else
+    linear_packed (the tiles, or the bf16 dot product where they are switched off)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    kernels = cpu_kernels.load()
+    if x.dtype != torch.bfloat16 or kernels is None or not kernels.bf16_dot:
+        raise RuntimeError(
+            f"a {tuple(weight.shape)} weight kept only as its panels serves bfloat16 inputs "
+            f"on the kernels' bf16 dot product, not this {x.dtype} input"
+        )
+    out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.bfloat16)
+    kernel = (
+        kernels.linear_panels_small_m if rows.shape[0] < AMX_MIN_ROWS else kernels.linear_packed
+    )
+    kernel(out, rows, weight, bias, getattr(weight, PANELS_ATTR))
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -90,7 +118,7 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     kernels = cpu_kernels.load()
     if x.dtype == weight.dtype == torch.bfloat16 and amx_rows(kernels, x.shape[1], weight):
         if x.shape[0] < AMX_MIN_ROWS:
-            return kernels.linear_small_m, False
+            return kernels.linear_panels_small_m, True  # the GEMV over the panels
         return kernels.linear_packed, True  # AMX tiles over the panels
     if small_m_rows(x.shape[0], x.shape[1], half_under_float):
         return kernels.linear_small_m, False
@@ -106,7 +134,7 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def amx_rows(kernels, width: int, weight: torch.Tensor) -> bool:
     """Whether all-bf16 calls over `weight` with inputs `width` wide take the AMX routing
-    (small-M below AMX_MIN_ROWS, the tiles from there): the kernels have the tiles, the
+    (the panels' GEMV below AMX_MIN_ROWS, the tiles from there): the kernels have the tiles, the
     weight has its load-time panels, the width is a multiple of AMX_K_MULTIPLE (the rule
     decoder_layer.cpp applies too)."""
     return (

@@ -14,6 +14,13 @@ They are a second copy of the weight's bytes: built only where they are read (a 
 checkpoint run in float32 on a vector build of the kernels, or in bf16 where the kernels
 have the bf16 dot product; SGLANG_CPU_WEIGHT_PANELS on), at load time, when the weights
 are final; a weight update builds a new model and so new panels.
+
+Where every call over a weight reads its panels (bf16 compute on AMX tiles, the weight's
+K a multiple of 32: `linear.amx_rows`, the GEMV below AMX_MIN_ROWS rows and the tiles
+from there), the row-major copy is not kept: its module's parameter becomes a shape-only
+tensor on the meta device carrying the panels, so the weights take their bytes once
+(Qwen3-0.6B: 1,137 MiB less). A weight another module also holds (an lm_head tied to the
+embedding, whose lookups read rows) keeps both.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from torch import nn
 
 from sglang.srt.environ import envs
 from sglang.srt.layers import cpu_kernels
-from sglang.srt.layers.linear import PANELS_ATTR, LinearBase
+from sglang.srt.layers.linear import AMX_K_MULTIPLE, PANELS_ATTR, LinearBase
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +51,8 @@ def panels_of(weight: torch.Tensor) -> torch.Tensor | None:
 def attach(model: nn.Module, compute_dtype: torch.dtype) -> None:
     """Pack the panels of the model's bf16 linear weights (and its lm_head's) when the
     kernels will read them: float32 compute over bf16 weights on a vector build, or bf16
-    compute where the kernels have the bf16 dot product."""
+    compute where the kernels have the bf16 dot product. A weight whose every call reads
+    its panels keeps only them (`_panels_serve_every_call`)."""
     if compute_dtype not in (torch.float32, torch.bfloat16):
         return
     if not envs.SGLANG_CPU_WEIGHT_PANELS.get():
@@ -54,26 +62,77 @@ def attach(model: nn.Module, compute_dtype: torch.dtype) -> None:
         return
     if compute_dtype == torch.bfloat16 and not kernels.bf16_dot:
         return
-    weights = [
-        w
-        for w in _linear_weights(model)
-        if w.dtype == torch.bfloat16 and w.dim() == 2 and w.is_contiguous()
-    ]
+    holders = _holders(model)
+    replaced: list[tuple[nn.Module, str]] = []  # (module, parameter name): panels only
+    copies: list[torch.Tensor] = []  # panels beside the row-major weight
+    for w in _linear_weights(model):
+        if w.dtype != torch.bfloat16 or w.dim() != 2 or not w.is_contiguous():
+            continue
+        owners = holders.get(id(w), [])
+        if compute_dtype == torch.bfloat16 and _panels_serve_every_call(kernels, w, owners):
+            replaced.append(owners[0])
+        else:
+            copies.append(w)
     width = kernels.weight_panel_width
-    total_bytes = sum(_panel_bytes(w, width) for w in weights)
+    copy_bytes = sum(_panel_bytes(w, width) for w in copies)
     budget_bytes = int(psutil.virtual_memory().available * MAX_AVAILABLE_FRACTION)
-    if total_bytes > budget_bytes:
+    if copy_bytes > budget_bytes:
         logger.info(
             "linear weight panels not packed: %.1f MiB is over %.0f%% of the available "
             "memory (%.1f MiB); each call packs its own (SGLANG_CPU_WEIGHT_PANELS=0 skips "
             "this check)",
-            total_bytes / 2**20, 100 * MAX_AVAILABLE_FRACTION, budget_bytes / 2**20,
+            copy_bytes / 2**20, 100 * MAX_AVAILABLE_FRACTION, budget_bytes / 2**20,
         )  # fmt: skip
-        return
-    for weight in weights:
+        copies = []
+    for weight in copies:
         setattr(weight, PANELS_ATTR, kernels.pack_weight_panels(weight))
-    if total_bytes:
-        logger.info("linear weight panels packed at load: %.1f MiB", total_bytes / 2**20)
+    replaced_bytes = sum(_replace_with_panels(kernels, module, name) for module, name in replaced)
+    if copies or replaced:
+        logger.info(
+            "linear weight panels packed at load: %.1f MiB beside the row-major weights, "
+            "%.1f MiB in their place",
+            copy_bytes / 2**20 if copies else 0.0, replaced_bytes / 2**20,
+        )  # fmt: skip
+
+
+def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+    """id(parameter) -> the (module, name) pairs that hold it, a module reached by two
+    paths counted twice (a tie by module: `lm_head = embed_tokens`)."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for _, module in model.named_modules(remove_duplicate=False):
+        for name, param in module.named_parameters(recurse=False):
+            holders.setdefault(id(param), []).append((module, name))
+    return holders
+
+
+def _panels_serve_every_call(kernels, weight: torch.Tensor, owners: list) -> bool:
+    """Whether every all-bf16 call over `weight` reads its panels, so its row-major copy
+    is not needed: the AMX routing (`linear.amx_rows`: the panels' GEMV below
+    AMX_MIN_ROWS rows, the tiles from there) and a single holder (an lm_head tied to the
+    embedding is also read by row, for lookups)."""
+    return kernels.amx_tiles() and weight.shape[1] % AMX_K_MULTIPLE == 0 and len(owners) == 1
+
+
+def _replace_with_panels(kernels, module: nn.Module, name: str) -> int:
+    """Pack `module.<name>`'s panels and put a shape-only parameter carrying them in its
+    place, which frees the row-major bytes (one weight at a time, so loading never holds
+    two copies of the model); the bytes packed."""
+    weight = getattr(module, name)
+    panels = kernels.pack_weight_panels(weight)
+    setattr(module, name, shape_only(weight, panels))
+    return panels.numel() * panels.element_size()
+
+
+def shape_only(weight: torch.Tensor, panels: torch.Tensor) -> nn.Parameter:
+    """A parameter of `weight`'s shape and dtype on the meta device (no bytes) carrying
+    `panels` (and the weight loader): linear() reads the panels, and any op that would
+    read the values fails loudly."""
+    param = nn.Parameter(torch.empty(weight.shape, dtype=weight.dtype, device="meta"),
+                         requires_grad=False)  # fmt: skip
+    setattr(param, PANELS_ATTR, panels)
+    if hasattr(weight, "weight_loader"):
+        param.weight_loader = weight.weight_loader
+    return param
 
 
 def _panel_bytes(weight: torch.Tensor, width: int) -> int:
