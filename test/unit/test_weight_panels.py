@@ -158,10 +158,10 @@ def test_panels_over_the_memory_budget_are_not_packed(kernels, monkeypatch, capl
 
 
 def test_amx_bf16_linears_keep_only_their_panels(kernels, amx_tiles):
-    """bf16 compute with AMX tiles: every linear weight whose calls all read its panels
-    becomes shape-only (meta, no bytes) and gives the row-major weight's results; the
-    lm_head tied to the embedding keeps its rows (the lookups read them). Without the
-    tiles (off, or a CPU without AMX) every weight keeps its rows."""
+    """bf16 compute with AMX tiles: every linear weight, and the lm_head tied to the
+    embedding, becomes shape-only (meta, no bytes), carrying its panels: linear() gives
+    the row-major weight's results, the embedding's lookups bitwise its rows. Without
+    the tiles (off, or a CPU without AMX) every weight keeps its rows."""
     config = ModelConfig(str(demo_target_path()), dtype=torch.bfloat16)
     amx_tiles(False)
     rows_model = get_model(config, "cpu")
@@ -173,8 +173,17 @@ def test_amx_bf16_linears_keep_only_their_panels(kernels, amx_tiles):
         if isinstance(m, LinearBase)
     ]
     assert all(m.weight.is_meta == has_tiles for m, _ in pairs)
-    assert not rows_model.lm_head.weight.is_meta and not model.lm_head.weight.is_meta
-    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied: kept as rows
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied
+    assert model.lm_head.weight.is_meta == has_tiles and not rows_model.lm_head.weight.is_meta
+    ids = torch.tensor([[0, 1, 31, 32, 33], [4000, 8191, 7, 7, 100]])
+    want_rows = rows_model.model.embed_tokens(ids)
+    assert torch.equal(model.model.embed_tokens(ids), want_rows)
+    hidden = want_rows[0]
+    torch.testing.assert_close(
+        linear(hidden, model.lm_head.weight).float(),
+        F.linear(hidden.float(), rows_model.lm_head.weight.float()),
+        atol=2e-2, rtol=2e-2,
+    )  # fmt: skip
     for m, r in pairs:
         x = torch.randn(3, m.weight.shape[1]).bfloat16()
         want = F.linear(x.float(), r.weight.float())

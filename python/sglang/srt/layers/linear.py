@@ -78,6 +78,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def embedding_rows(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.embedding(ids, weight), also for a shape-only weight (an embedding tied to an
+    lm_head that keeps only its panels, weight_panels.py): the rows are gathered from the
+    panels, where row n's pair p is the word [n // width, p, n % width] (its low half is
+    element 2p, its high half 2p + 1), bitwise the rows' values."""
+    if not weight.is_meta:
+        return F.embedding(ids, weight)
+    panels = getattr(weight, PANELS_ATTR)  # [ceil(N / width), ceil(K / 2), width] int32
+    width = panels.shape[2]
+    words = panels[ids // width, :, ids % width]  # [*ids.shape, ceil(K / 2)]
+    return words.contiguous().view(torch.bfloat16)[..., : weight.shape[1]]
+
+
 def _linear_from_panels(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:

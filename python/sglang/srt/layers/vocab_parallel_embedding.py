@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.layers.linear import tensor_parallel_all_reduce
+from sglang.srt.layers.linear import embedding_rows, tensor_parallel_all_reduce
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -37,10 +36,10 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: int64[T] -> [T, H]."""
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight).to(self.compute_dtype)
+            return embedding_rows(input_ids, self.weight).to(self.compute_dtype)
         in_shard = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         local_ids = torch.where(in_shard, input_ids - self.vocab_start, 0)
-        rows = F.embedding(local_ids, self.weight).to(self.compute_dtype)
+        rows = embedding_rows(local_ids, self.weight).to(self.compute_dtype)
         out = rows * in_shard.unsqueeze(-1).to(self.compute_dtype)
         return tensor_parallel_all_reduce(out, self.tp_size)
 

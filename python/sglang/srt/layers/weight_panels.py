@@ -15,12 +15,12 @@ checkpoint run in float32 on a vector build of the kernels, or in bf16 where the
 have the bf16 dot product; SGLANG_CPU_WEIGHT_PANELS on), at load time, when the weights
 are final; a weight update builds a new model and so new panels.
 
-Where every call over a weight reads its panels (bf16 compute on AMX tiles, the weight's
+Where every use of a weight reads its panels (bf16 compute on AMX tiles, the weight's
 K a multiple of 32: `linear.amx_rows`, the GEMV below AMX_MIN_ROWS rows and the tiles
-from there), the row-major copy is not kept: its module's parameter becomes a shape-only
-tensor on the meta device carrying the panels, so the weights take their bytes once
-(Qwen3-0.6B: 1,137 MiB less). A weight another module also holds (an lm_head tied to the
-embedding, whose lookups read rows) keeps both.
+from there; an embedding tied to the lm_head gathers its lookups' rows from them), the
+row-major copy is not kept: its module's parameter becomes a shape-only tensor on the
+meta device carrying the panels, so the weights take their bytes once (Qwen3-0.6B:
+1,137 MiB less). A weight some other module holds keeps both.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from torch import nn
 from sglang.srt.environ import envs
 from sglang.srt.layers import cpu_kernels
 from sglang.srt.layers.linear import AMX_K_MULTIPLE, PANELS_ATTR, LinearBase
+from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,9 @@ logger = logging.getLogger(__name__)
 # this share of the memory available at load (a large model on a small machine keeps
 # packing per call rather than risk running out of memory).
 MAX_AVAILABLE_FRACTION = 0.25
+# Modules whose every read of their `weight` goes through linear() or embedding_rows(),
+# which serve a shape-only weight from its panels.
+PANEL_READERS = (LinearBase, VocabParallelEmbedding)
 
 
 def panels_of(weight: torch.Tensor) -> torch.Tensor | None:
@@ -106,11 +110,17 @@ def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
 
 
 def _panels_serve_every_call(kernels, weight: torch.Tensor, owners: list) -> bool:
-    """Whether every all-bf16 call over `weight` reads its panels, so its row-major copy
-    is not needed: the AMX routing (`linear.amx_rows`: the panels' GEMV below
-    AMX_MIN_ROWS rows, the tiles from there) and a single holder (an lm_head tied to the
-    embedding is also read by row, for lookups)."""
-    return kernels.amx_tiles() and weight.shape[1] % AMX_K_MULTIPLE == 0 and len(owners) == 1
+    """Whether every use of `weight` reads its panels, so its row-major copy is not
+    needed: the AMX routing of all-bf16 calls (`linear.amx_rows`: the panels' GEMV below
+    AMX_MIN_ROWS rows, the tiles from there), and its holders are linear layers and
+    embeddings (an lm_head tied to the embedding: `linear.embedding_rows` gathers the
+    lookups' rows from the panels), nothing that might read the rows itself."""
+    return (
+        kernels.amx_tiles()
+        and weight.shape[1] % AMX_K_MULTIPLE == 0
+        and len(owners) >= 1
+        and all(isinstance(m, PANEL_READERS) and name == "weight" for m, name in owners)
+    )
 
 
 def _replace_with_panels(kernels, module: nn.Module, name: str) -> int:

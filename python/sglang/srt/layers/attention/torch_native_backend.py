@@ -172,7 +172,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         if not fb.extend_seq_lens_cpu:
             return False
         longest = max(fb.extend_seq_lens_cpu)
-        return longest <= _KERNEL_MAX_EXTEND or cpu_kernels.load().extend_tiled(longest, pool.head_dim)
+        return longest <= _KERNEL_MAX_EXTEND or cpu_kernels.load().extend_tiled(
+            longest, pool.head_dim
+        )
 
     def _torch_metadata_for(self, layer: RadixAttention, fb: ForwardBatch) -> _Metadata:
         """This layer's metadata for the torch path. A kernel placeholder is replaced (the
