@@ -188,3 +188,19 @@ def test_amx_bf16_linears_keep_only_their_panels(kernels, amx_tiles):
         x = torch.randn(3, m.weight.shape[1]).bfloat16()
         want = F.linear(x.float(), r.weight.float())
         torch.testing.assert_close(linear(x, m.weight).float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_attaching_twice_keeps_the_panels(kernels, amx_tiles):
+    """A second attach (a model loaded once, packed again) leaves weights already kept
+    only as their panels as they are, instead of packing a shape-only tensor."""
+    config = ModelConfig(str(demo_target_path()), dtype=torch.bfloat16)
+    has_tiles = amx_tiles(True)
+    model = get_model(config, "cpu")
+    linears = [m for m in model.modules() if isinstance(m, LinearBase)]
+    before = {id(m): (m.weight, panels_of(m.weight)) for m in linears if m.weight.is_meta}
+    assert bool(before) == has_tiles
+    weight_panels.attach(model, torch.bfloat16)
+    for m in linears:
+        if id(m) in before:
+            weight, panels = before[id(m)]
+            assert m.weight is weight and panels_of(m.weight) is panels

@@ -70,8 +70,8 @@ def attach(model: nn.Module, compute_dtype: torch.dtype) -> None:
     replaced: list[tuple[nn.Module, str]] = []  # (module, parameter name): panels only
     copies: list[torch.Tensor] = []  # panels beside the row-major weight
     for w in _linear_weights(model):
-        if w.dtype != torch.bfloat16 or w.dim() != 2 or not w.is_contiguous():
-            continue
+        if w.is_meta or w.dtype != torch.bfloat16 or w.dim() != 2 or not w.is_contiguous():
+            continue  # (meta: already kept only as its panels)
         owners = holders.get(id(w), [])
         if compute_dtype == torch.bfloat16 and _panels_serve_every_call(kernels, w, owners):
             replaced.append(owners[0])
