@@ -79,8 +79,9 @@ def test_tiles_and_dot_product_agree_to_bf16_rounding(kernels, amx_tiles):
 
 def test_linear_routes_by_rows_width_and_panels(kernels, amx_tiles, monkeypatch):
     """With the tiles: the panels' GEMV below AMX_MIN_ROWS rows, linear_packed with the
-    panels from there; a width that is not a multiple of 32, or a weight without panels,
-    keeps the usual routing. Without them (off, or a CPU without AMX) the usual routing."""
+    panels from there. A width that is not a multiple of 32, or the tiles off, takes the
+    panels' GEMV for the small-M rows (all of these); a weight without panels the
+    small-M kernel. Without the bf16 dot product (no panels for bf16) the small-M kernel."""
     small, packed, gemv = [], [], []
     real_small, real_packed = kernels.linear_small_m, kernels.linear_packed
     real_gemv = kernels.linear_panels_small_m
@@ -109,9 +110,10 @@ def test_linear_routes_by_rows_width_and_panels(kernels, amx_tiles, monkeypatch)
     usual_small = [AMX_MIN_ROWS - 1, AMX_MIN_ROWS, AMX_MIN_ROWS, AMX_MIN_ROWS]  # <= 16 rows
     assert AMX_MIN_ROWS <= SMALL_M_MAX_ROWS
     if has_tiles:
-        assert gemv == [AMX_MIN_ROWS - 1]
-        assert small == [AMX_MIN_ROWS, AMX_MIN_ROWS]
-        assert packed == [AMX_MIN_ROWS]
+        assert gemv == [AMX_MIN_ROWS - 1, AMX_MIN_ROWS]  # w below the tiles, ragged
+        assert small == [AMX_MIN_ROWS] and packed == [AMX_MIN_ROWS]  # bare, w
+    elif kernels.bf16_dot:
+        assert gemv == usual_small[:3] and small == [AMX_MIN_ROWS] and packed == []
     else:
         assert small == usual_small and packed == [] and gemv == []
 

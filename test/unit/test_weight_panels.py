@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from sglang.demo_models import demo_target_path
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.environ import envs
 from sglang.srt.layers import cpu_kernels, weight_panels
 from sglang.srt.layers.linear import HALF_WEIGHT_MAX_ROWS, LinearBase, linear
 from sglang.srt.layers.weight_panels import panels_of
@@ -134,15 +135,18 @@ def test_bf16_compute_packs_panels_where_the_dot_product_reads_them(
     assert all((panels_of(w) is not None) == kernels.bf16_dot for w in linears)
     if not kernels.bf16_dot:
         return
+    monkeypatch.setenv("SGLANG_CPU_WEIGHT_PANELS", "0")
+    rows_model = get_model(config, "cpu")  # the row-major weights, no panels
     seen = []
     real = kernels.linear_packed
     monkeypatch.setattr(kernels, "linear_packed", lambda *a: seen.append(len(a)) or real(*a))
     w = linears[0]
+    w_rows = next(m.weight for m in rows_model.modules() if isinstance(m, LinearBase))
     x = torch.randn(64, w.shape[1]).bfloat16()
     out = linear(x, w)
     assert seen == [5]
     per_call = torch.empty_like(out)
-    real(per_call, x, w, None)
+    real(per_call, x, w_rows, None)
     assert torch.equal(out, per_call)
 
 
@@ -158,15 +162,17 @@ def test_panels_over_the_memory_budget_are_not_packed(kernels, monkeypatch, capl
 
 
 def test_amx_bf16_linears_keep_only_their_panels(kernels, amx_tiles):
-    """bf16 compute with AMX tiles: every linear weight, and the lm_head tied to the
-    embedding, becomes shape-only (meta, no bytes), carrying its panels: linear() gives
-    the row-major weight's results, the embedding's lookups bitwise its rows. Without
-    the tiles (off, or a CPU without AMX) every weight keeps its rows."""
+    """bf16 compute where the kernels have the bf16 dot product (panels for every linear):
+    every linear weight, and the lm_head tied to the embedding, becomes shape-only (meta,
+    no bytes), carrying its panels: linear() gives the row-major weight's results with
+    the tiles on and off, the embedding's lookups bitwise its rows. Elsewhere every weight
+    keeps its rows."""
     config = ModelConfig(str(demo_target_path()), dtype=torch.bfloat16)
-    amx_tiles(False)
-    rows_model = get_model(config, "cpu")
-    has_tiles = amx_tiles(True)
+    with envs.SGLANG_CPU_WEIGHT_PANELS.override(False):
+        rows_model = get_model(config, "cpu")
+    amx_tiles(True)
     model = get_model(config, "cpu")
+    has_tiles = kernels.bf16_dot  # weights kept only as panels
     pairs = [
         (m, r)
         for m, r in zip(model.modules(), rows_model.modules(), strict=True)
@@ -184,21 +190,24 @@ def test_amx_bf16_linears_keep_only_their_panels(kernels, amx_tiles):
         F.linear(hidden.float(), rows_model.lm_head.weight.float()),
         atol=2e-2, rtol=2e-2,
     )  # fmt: skip
-    for m, r in pairs:
-        x = torch.randn(3, m.weight.shape[1]).bfloat16()
-        want = F.linear(x.float(), r.weight.float())
-        torch.testing.assert_close(linear(x, m.weight).float(), want, atol=2e-2, rtol=2e-2)
+    for on in (True, False):
+        amx_tiles(on)
+        for m, r in pairs:
+            for rows in (3, 40):  # the GEMV; the tiles or the dot product
+                x = torch.randn(rows, m.weight.shape[1]).bfloat16()
+                want = F.linear(x.float(), r.weight.float())
+                got = linear(x, m.weight).float()
+                torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
 
 def test_attaching_twice_keeps_the_panels(kernels, amx_tiles):
     """A second attach (a model loaded once, packed again) leaves weights already kept
     only as their panels as they are, instead of packing a shape-only tensor."""
     config = ModelConfig(str(demo_target_path()), dtype=torch.bfloat16)
-    has_tiles = amx_tiles(True)
     model = get_model(config, "cpu")
     linears = [m for m in model.modules() if isinstance(m, LinearBase)]
     before = {id(m): (m.weight, panels_of(m.weight)) for m in linears if m.weight.is_meta}
-    assert bool(before) == has_tiles
+    assert bool(before) == kernels.bf16_dot
     weight_panels.attach(model, torch.bfloat16)
     for m in linears:
         if id(m) in before:

@@ -33,9 +33,13 @@ at::Tensor DecoderLayer::linear(const at::Tensor& x, const at::Tensor& w,
   }
   const bool small = rows <= s_.small_m_rows || (x.size(1) >= s_.long_k && rows <= s_.long_k_rows) ||
                      (half_w && rows <= s_.half_weight_rows);
-  if (small) {
+  if (small) {  // all bf16 with panels: their GEMV (w may be shape-only), as linear.py
     at::Tensor out = at::empty({rows, w.size(0)}, x.options());
-    linear_small_m(out, x, w, bias);
+    if (all_bf16 && panels.has_value()) {
+      linear_panels_small_m(out, x, w, bias, *panels);
+    } else {
+      linear_small_m(out, x, w, bias);
+    }
     return out;
   }
   // half_w: widened a panel at a time, not the whole weight per call; all bf16: the

@@ -95,8 +95,7 @@ def _linear_from_panels(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """linear() over a shape-only weight, whose values only its panels hold: x made a
-    contiguous [rows, K] if it is not; the panels' GEMV below AMX_MIN_ROWS rows, else
-    linear_packed (the tiles, or the bf16 dot product where they are switched off)."""
+    contiguous [rows, K] if it is not, then `panels_kernel`."""
     rows = x.reshape(-1, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -107,9 +106,7 @@ def _linear_from_panels(
             f"on the kernels' bf16 dot product, not this {x.dtype} input"
         )
     out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.bfloat16)
-    kernel = (
-        kernels.linear_panels_small_m if rows.shape[0] < AMX_MIN_ROWS else kernels.linear_packed
-    )
+    kernel = panels_kernel(kernels, rows.shape[0], rows.shape[1])
     kernel(out, rows, weight, bias, getattr(weight, PANELS_ATTR))
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
@@ -129,10 +126,9 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if not dtypes_ok or (bias is not None and bias.dtype != x.dtype) or not cpu_kernels.usable(x):
         return None, False
     kernels = cpu_kernels.load()
-    if x.dtype == weight.dtype == torch.bfloat16 and amx_rows(kernels, x.shape[1], weight):
-        if x.shape[0] < AMX_MIN_ROWS:
-            return kernels.linear_panels_small_m, True  # the GEMV over the panels
-        return kernels.linear_packed, True  # AMX tiles over the panels
+    all_bf16 = x.dtype == weight.dtype == torch.bfloat16
+    if all_bf16 and getattr(weight, PANELS_ATTR, None) is not None:
+        return panels_kernel(kernels, x.shape[0], x.shape[1]), True
     if small_m_rows(x.shape[0], x.shape[1], half_under_float):
         return kernels.linear_small_m, False
     if kernels.bf16_dot and x.dtype == weight.dtype == torch.bfloat16:
@@ -143,6 +139,21 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if kernels.vector_isa == "avx512" and x.shape[0] > PACKED_MAX_ROWS_AVX512:
         return None, False  # widened, then F.linear
     return kernels.linear_packed, True
+
+
+def panels_kernel(kernels, rows: int, width: int):
+    """The kernel for an all-bf16 call of `rows` x `width` over a weight with load-time
+    panels (they exist for bf16 compute only where the kernels have the bf16 dot product):
+    where the tiles serve (`amx_rows`) the panels' GEMV below AMX_MIN_ROWS rows and the
+    tiles from there; elsewhere the GEMV for the rows `small_m_rows` gives (0.64-0.8x the
+    small-M kernel's time over the row-major weight at 1-8 rows, 0.9-1.0x at 32-128,
+    Qwen3-0.6B's projections, cold, AMX off on the Xeon) and linear_packed's dot product
+    past them. Both read only the panels (the rule decoder_layer.cpp applies too)."""
+    if kernels.amx_tiles() and width % AMX_K_MULTIPLE == 0:
+        small = rows < AMX_MIN_ROWS
+    else:
+        small = small_m_rows(rows, width, False)
+    return kernels.linear_panels_small_m if small else kernels.linear_packed
 
 
 def amx_rows(kernels, width: int, weight: torch.Tensor) -> bool:

@@ -15,10 +15,10 @@ checkpoint run in float32 on a vector build of the kernels, or in bf16 where the
 have the bf16 dot product; SGLANG_CPU_WEIGHT_PANELS on), at load time, when the weights
 are final; a weight update builds a new model and so new panels.
 
-Where every use of a weight reads its panels (bf16 compute on AMX tiles, the weight's
-K a multiple of 32: `linear.amx_rows`, the GEMV below AMX_MIN_ROWS rows and the tiles
-from there; an embedding tied to the lm_head gathers its lookups' rows from them), the
-row-major copy is not kept: its module's parameter becomes a shape-only tensor on the
+Where every use of a weight reads its panels (bf16 compute: `linear.panels_kernel`, the
+panels' GEMV for decode-size calls, the tiles or the bf16 dot product past them; an
+embedding tied to the lm_head gathers its lookups' rows from them), the row-major copy
+is not kept: its module's parameter becomes a shape-only tensor on the
 meta device carrying the panels, so the weights take their bytes once (Qwen3-0.6B:
 1,137 MiB less). A weight some other module holds keeps both.
 """
@@ -33,7 +33,7 @@ from torch import nn
 
 from sglang.srt.environ import envs
 from sglang.srt.layers import cpu_kernels
-from sglang.srt.layers.linear import AMX_K_MULTIPLE, PANELS_ATTR, LinearBase
+from sglang.srt.layers.linear import PANELS_ATTR, LinearBase
 from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def attach(model: nn.Module, compute_dtype: torch.dtype) -> None:
         if w.is_meta or w.dtype != torch.bfloat16 or w.dim() != 2 or not w.is_contiguous():
             continue  # (meta: already kept only as its panels)
         owners = holders.get(id(w), [])
-        if compute_dtype == torch.bfloat16 and _panels_serve_every_call(kernels, w, owners):
+        if compute_dtype == torch.bfloat16 and _panels_serve_every_call(owners):
             replaced.append(owners[0])
         else:
             copies.append(w)
@@ -109,17 +109,14 @@ def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
     return holders
 
 
-def _panels_serve_every_call(kernels, weight: torch.Tensor, owners: list) -> bool:
-    """Whether every use of `weight` reads its panels, so its row-major copy is not
-    needed: the AMX routing of all-bf16 calls (`linear.amx_rows`: the panels' GEMV below
-    AMX_MIN_ROWS rows, the tiles from there), and its holders are linear layers and
-    embeddings (an lm_head tied to the embedding: `linear.embedding_rows` gathers the
-    lookups' rows from the panels), nothing that might read the rows itself."""
-    return (
-        kernels.amx_tiles()
-        and weight.shape[1] % AMX_K_MULTIPLE == 0
-        and len(owners) >= 1
-        and all(isinstance(m, PANEL_READERS) and name == "weight" for m, name in owners)
+def _panels_serve_every_call(owners: list) -> bool:
+    """Whether every use of a bf16-compute weight reads its panels, so its row-major copy
+    is not needed: every all-bf16 call over a weight with panels does
+    (`linear.panels_kernel`), and its holders are linear layers and embeddings (an
+    lm_head tied to the embedding: `linear.embedding_rows` gathers the lookups' rows from
+    the panels), nothing that might read the rows itself."""
+    return len(owners) >= 1 and all(
+        isinstance(m, PANEL_READERS) and name == "weight" for m, name in owners
     )
 
 
