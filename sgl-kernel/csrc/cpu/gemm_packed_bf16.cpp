@@ -193,16 +193,17 @@ void panel_gemv(const uint32_t* xw, const uint32_t* panel, c10::BFloat16* out, i
   }
 }
 
-// out rows [m0, m0 + rows) over panels [begin, end), rows <= kGemvMaxRows.
-void gemv_rows(c10::BFloat16* out, const uint32_t* xw, const uint32_t* packed, int64_t m0,
-               int rows, int64_t begin, int64_t end, const Bf16Call& c) {
-  with_rows<kGemvMaxRows>(rows, [&](auto r) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n0 = p * kPanel;
-      panel_gemv<decltype(r)::value>(xw + m0 * c.pairs, packed + p * c.pairs * kPanel,
-                                     out + m0 * c.n, n0, std::min(kPanel, c.n - n0), c);
-    }
-  });
+// out rows [0, M) x panel p's columns, kGemvMaxRows rows of x at a time while the
+// panel stays in L1/L2 (a weight past the caches is read from memory once per call).
+void gemv_panel(c10::BFloat16* out, const uint32_t* xw, const uint32_t* packed, int64_t p,
+                const Bf16Call& c) {
+  const int64_t n0 = p * kPanel, cols = std::min(kPanel, c.n - n0);
+  const uint32_t* panel = packed + p * c.pairs * kPanel;
+  for (int64_t m0 = 0; m0 < c.m; m0 += kGemvMaxRows) {
+    with_rows<kGemvMaxRows>(int(std::min<int64_t>(kGemvMaxRows, c.m - m0)), [&](auto r) {
+      panel_gemv<decltype(r)::value>(xw + m0 * c.pairs, panel, out + m0 * c.n, n0, cols, c);
+    });
+  }
 }
 
 }  // namespace
@@ -217,10 +218,7 @@ void linear_panels_gemv_bf16(at::Tensor& out, const at::Tensor& x, const c10::BF
   auto* op = out.data_ptr<c10::BFloat16>();
   const int64_t panels = (c.n + kPanel - 1) / kPanel;
   sgl_cpu::parallel_for(0, panels, kPanel * c.k * c.m, [&](int64_t begin, int64_t end) {
-    for (int64_t m0 = 0; m0 < c.m; m0 += kGemvMaxRows) {
-      const int rows = int(std::min<int64_t>(kGemvMaxRows, c.m - m0));
-      gemv_rows(op, xw.data(), packed, m0, rows, begin, end, c);
-    }
+    for (int64_t p = begin; p < end; ++p) gemv_panel(op, xw.data(), packed, p, c);
   });
 }
 
