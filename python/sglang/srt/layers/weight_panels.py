@@ -10,16 +10,17 @@ The bf16 dot-product path (all-bf16 compute on CPUs with avx512_bf16) packs the 
 layout per call (gemm_packed_bf16.cpp): 9% of the served scheduler's samples at 32
 streams on a 2-core AVX-512 EPYC, so it reads these panels too.
 
-They are a second copy of the weight's bytes: built only where they are read (a bf16
-checkpoint run in float32 on a vector build of the kernels, or in bf16 where the kernels
-have the bf16 dot product; SGLANG_CPU_WEIGHT_PANELS on), at load time, when the weights
-are final; a weight update builds a new model and so new panels.
+Built only where they are read (a bf16 checkpoint run in float32 on a vector build of the
+kernels, or in bf16 where the kernels have the bf16 dot product; SGLANG_CPU_WEIGHT_PANELS
+on), at load time, when the weights are final; a weight update builds a new model and so
+new panels. Under float32 compute they are a second copy of the weight's bytes (the
+small-M rows read the row-major weight).
 
 Where every use of a weight reads its panels (bf16 compute: `linear.panels_kernel`, the
 panels' GEMV for decode-size calls, the tiles or the bf16 dot product past them; an
 embedding tied to the lm_head gathers its lookups' rows from them), the row-major copy
-is not kept: its module's parameter becomes a shape-only tensor on the
-meta device carrying the panels, so the weights take their bytes once (Qwen3-0.6B:
+is not kept: its module's parameter becomes a shape-only tensor on the meta device
+carrying the panels, so the weights take their bytes once (Qwen3-0.6B:
 1,137 MiB less). A weight some other module holds keeps both.
 """
 
