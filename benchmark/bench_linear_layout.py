@@ -1,7 +1,8 @@
 """CPU matmul micro-benchmark: F.linear on [out, in] vs x @ W_t on a contiguous [in, out]
 (--variants layout), or vs our small-M kernel over float32 and bf16 weights (--variants
 small-m), or our kernel's one-row GEMV over bf16 weights with float32 and bf16 x, in GB/s of
-weight read (--variants one-row; use --ms 1 and --cold-mib past the L3).
+weight read (--variants one-row; use --ms 1 and --cold-mib past the L3), or float32 x over
+a bf16 weight's rows vs its load-time panels (--variants panels-f32 [--march x86-64-v3]).
 
     python benchmark/bench_linear_layout.py [--threads 1 2] [--ms 1 4 8 32 256] [--reps 100]
         [--cold-mib 64] [--variants layout|small-m|one-row] [--shapes demo|qwen3-0.6b]
@@ -20,6 +21,7 @@ through a 2 MiB-per-core L2 every step and each matmul reads its weight from L3.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -115,6 +117,28 @@ def bf16_variants(w: torch.Tensor, bias: torch.Tensor):
     }
 
 
+def panels_f32_variants(w: torch.Tensor, bias: torch.Tensor, kernel=None):
+    """name -> fn(x) for float32 x over a bf16 weight (a bf16 checkpoint under float32
+    compute): the small-M kernel over the row-major weight, the GEMV over the load-time
+    panels (linear_panels_small_m), and linear_packed's tiles over the same panels."""
+    kernel = kernel or cpu_kernels.load()
+    w_bf16 = huge_pages.empty(w.shape, torch.bfloat16).copy_(w)
+    panels = kernel.pack_weight_panels(w_bf16)
+    shape_only = torch.empty(w.shape, dtype=torch.bfloat16, device="meta")
+
+    def ours(x, fn, weight, *extra):
+        out = torch.empty(x.shape[0], weight.shape[0])
+        fn(out, x, weight, None, *extra)
+        return out
+
+    return {
+        "F.linear": lambda x: F.linear(x, w),
+        "small-M (rows)": lambda x: ours(x, kernel.linear_small_m, w_bf16),
+        "GEMV (panels)": lambda x: ours(x, kernel.linear_panels_small_m, shape_only, panels),
+        "packed (panels)": lambda x: ours(x, kernel.linear_packed, shape_only, panels),
+    }
+
+
 def time_interleaved(copies: list[dict], x: torch.Tensor, reps: int, inner: int) -> dict:
     """Median us per call of each variant; call i uses copy i mod len(copies)."""
     names = list(copies[0])
@@ -140,13 +164,20 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--cold-mib", type=float, default=0,
                    help="cycle through copies of each weight filling this many MiB (0: one copy)")
-    p.add_argument("--variants", choices=["layout", "small-m", "one-row", "bf16"], default="layout")
+    p.add_argument("--variants", choices=["layout", "small-m", "one-row", "bf16", "panels-f32"],
+                   default="layout")
+    p.add_argument("--march", default=None,
+                   help="panels-f32: kernels built for this -march (x86-64-v3: the AVX2 build)")
     p.add_argument("--shapes", choices=["demo", "qwen3-0.6b"], default="demo")
     args = p.parse_args()
     make = {"layout": variants, "small-m": small_m_variants, "one-row": one_row_variants,
-            "bf16": bf16_variants}[
-        args.variants
-    ]
+            "bf16": bf16_variants, "panels-f32": panels_f32_variants}[args.variants]
+    if args.march and args.variants != "panels-f32":
+        p.error("--march applies to --variants panels-f32")
+    if args.march:
+        kernel = cpu_kernels.build_for_march(args.march)
+        print(f"kernels built for -march={args.march}: {kernel.vector_isa} vectors")
+        make = functools.partial(make, kernel=kernel)
     shapes = SHAPES if args.shapes == "demo" else QWEN3_SHAPES
     torch.manual_seed(0)
     with torch.inference_mode():

@@ -5,8 +5,8 @@ and float32's results, since widening bf16 is exact.
 On the bundled demo model (a bf16 checkpoint): the weights are stored bf16 and the norms
 float32; prompt logprobs agree with HF run in float32 as float32 runs do; greedy tokens
 and logprobs equal those of the same model with float32 weights (SGLANG_CPU_HALF_WEIGHTS=0),
-through decode (the small-M kernel widening bf16 rows) and a long prefill chunk (F.linear
-over widened weights).
+through decode (the GEMV over the load-time panels) and a long prefill chunk, also where
+the weights are kept only as their panels (the AVX2 build's rule, layers/weight_panels.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from transformers import AutoModelForCausalLM
 
 from sglang.demo_models import demo_target_path
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers import cpu_kernels
+from sglang.srt.layers.linear import embedding_rows
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_loader.loader import half_weight_dtype
 from sglang.srt.runtime_context import get_context
@@ -35,8 +37,12 @@ PROMPTS = [
 ]
 
 
-def _worker(model_dir: str, half_weights: bool, monkeypatch) -> TpModelWorker:
+def _worker(model_dir: str, half_weights: bool, monkeypatch, vector_isa: str = "") -> TpModelWorker:
+    """A float32 worker; `vector_isa`: load as on that build of the kernels (the rule for
+    which weights keep only their panels reads it)."""
     monkeypatch.setenv("SGLANG_CPU_HALF_WEIGHTS", "1" if half_weights else "0")
+    if vector_isa:
+        monkeypatch.setattr(cpu_kernels.load(), "vector_isa", vector_isa)
     with get_context().override_server_args(
         model_path=model_dir, device="cpu", max_total_tokens=4096, max_running_requests=8
     ):
@@ -55,13 +61,21 @@ def demo_dir() -> str:
 def workers(demo_dir):
     with pytest.MonkeyPatch.context() as mp:
         half, full = _worker(demo_dir, True, mp), _worker(demo_dir, False, mp)
-    yield half, full
-    for w in (half, full):
+    with pytest.MonkeyPatch.context() as mp:
+        panels_only = _worker(demo_dir, True, mp, vector_isa="avx2")
+    yield half, full, panels_only
+    for w in (half, full, panels_only):
         w.token_to_kv_pool_allocator.check_integrity()
 
 
-def test_weights_are_stored_in_the_checkpoint_dtype(workers):
-    half, full = workers
+def _values(param: torch.Tensor) -> torch.Tensor:
+    """A weight's values, also for one kept only as its panels (gathered from them)."""
+    return embedding_rows(torch.arange(param.shape[0]), param) if param.is_meta else param
+
+
+@pytest.mark.parametrize("which", [0, 2])
+def test_weights_are_stored_in_the_checkpoint_dtype(workers, which):
+    half, full = workers[which], workers[1]
     params = dict(half.model_runner.model.named_parameters())
     assert params["model.layers.0.self_attn.qkv_proj.weight"].dtype == torch.bfloat16
     assert params["model.embed_tokens.weight"].dtype == torch.bfloat16  # also the tied head
@@ -70,7 +84,10 @@ def test_weights_are_stored_in_the_checkpoint_dtype(workers):
     full_params = dict(full.model_runner.model.named_parameters())
     assert full_params["model.layers.0.self_attn.qkv_proj.weight"].dtype == torch.float32
     for name, p in params.items():  # the same values, widened
-        assert torch.equal(p.float(), full_params[name].float()), name
+        assert torch.equal(_values(p).float(), full_params[name].float()), name
+    if which == 2:  # kept only as their panels
+        assert params["model.layers.0.self_attn.qkv_proj.weight"].is_meta
+        assert params["model.embed_tokens.weight"].is_meta
 
 
 def _generate(worker, max_new_tokens: int = GREEDY_TOKENS):
@@ -84,8 +101,9 @@ def _generate(worker, max_new_tokens: int = GREEDY_TOKENS):
     return [r.output_ids for r in reqs], prompt_logprobs
 
 
-def test_same_tokens_and_logprobs_as_float32_weights(workers):
-    half, full = workers
+@pytest.mark.parametrize("which", [0, 2])
+def test_same_tokens_and_logprobs_as_float32_weights(workers, which):
+    half, full = workers[which], workers[1]
     half_tokens, half_logprobs = _generate(half)
     full_tokens, full_logprobs = _generate(full)
     assert half_tokens == full_tokens
@@ -94,8 +112,9 @@ def test_same_tokens_and_logprobs_as_float32_weights(workers):
         assert diff <= SAME_MODEL_LOGPROB_TOL, diff
 
 
-def test_prompt_logprobs_match_hf_in_float32(workers, demo_dir):
-    half, _ = workers
+@pytest.mark.parametrize("which", [0, 2])
+def test_prompt_logprobs_match_hf_in_float32(workers, demo_dir, which):
+    half = workers[which]
     hf = load_hf_model(demo_dir, torch.float32)
     _, logprobs = _generate(half, max_new_tokens=1)
     for prompt, ours in zip(PROMPTS, logprobs):

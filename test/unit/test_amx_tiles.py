@@ -152,7 +152,8 @@ def test_panels_gemv_refuses_panels_of_another_weight(kernels):
 def test_linear_over_a_shape_only_weight(kernels, amx_tiles, rows):
     """linear() over a weight kept only as its panels: every row count, with the tiles on
     or off (the dot product reads the same panels), 3-D and non-contiguous inputs; a
-    float32 input is refused with a clear error, not computed from missing values."""
+    float32 input (float32 compute) gets float32's result from the same panels, a float16
+    one is refused with a clear error, not computed from missing values."""
     from sglang.srt.layers.weight_panels import shape_only
 
     w = _weight(48, 64)
@@ -167,5 +168,6 @@ def test_linear_over_a_shape_only_weight(kernels, amx_tiles, rows):
     for on in (True, False):
         amx_tiles(on)
         torch.testing.assert_close(linear(x, param).float(), want, **BF16_TOL)
+    torch.testing.assert_close(linear(x.float(), param), want, atol=1e-5, rtol=1e-5)
     with pytest.raises(RuntimeError, match="kept only as its panels"):
-        linear(x.float(), param)
+        linear(x.half(), param)

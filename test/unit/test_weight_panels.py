@@ -1,9 +1,12 @@
 """bf16 linear weights packed once at load for linear_packed (layers/weight_panels.py):
-the same results as the per-call panels, built where they are read, refused when wrong."""
+the same results as the per-call panels, built where they are read, refused when wrong;
+the GEMV over them for float32 inputs; weights kept only as their panels under float32
+compute where every call reads them (the AVX2 build)."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,8 +16,8 @@ from sglang.demo_models import demo_target_path
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.environ import envs
 from sglang.srt.layers import cpu_kernels, weight_panels
-from sglang.srt.layers.linear import HALF_WEIGHT_MAX_ROWS, LinearBase, linear
-from sglang.srt.layers.weight_panels import panels_of
+from sglang.srt.layers.linear import HALF_WEIGHT_MAX_ROWS, LinearBase, embedding_rows, linear
+from sglang.srt.layers.weight_panels import panels_of, shape_only
 from sglang.srt.model_loader.loader import get_model
 
 
@@ -25,6 +28,67 @@ def kernels():
     if module.weight_panel_width == 0:
         pytest.fail("this machine's build has no vector path (weight panels need AVX2)")
     return module
+
+
+def _cpu_runs_avx2() -> bool:
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return {"avx2", "fma", "f16c"} <= flags
+
+
+# The kernels this machine builds, and on an AVX-512 machine the AVX2 build too (what
+# laptops and Zen 2/3 run): its GEMV is another code path (16 ymm registers, 2 KiB word
+# rows per stream step), not run here otherwise.
+GEMV_BUILDS = ["native"] + (["x86-64-v3"] if _cpu_runs_avx2() else [])
+
+
+@pytest.fixture(scope="module", params=GEMV_BUILDS)
+def gemv_kernels(request, kernels):
+    if request.param == "native":
+        return kernels
+    module = cpu_kernels.build_for_march(request.param)
+    assert module.vector_isa == "avx2" and module.weight_panel_width == 16
+    return module
+
+
+@pytest.mark.parametrize(
+    "rows,k,n",
+    # every row count of a pass and past it (2 passes, a tail), N tails (one column, a
+    # partial second vector), odd K (the last word's zero pad), K too short for 4 streams,
+    # parts that leave a rest, a long K
+    [(r, 256, 512) for r in (1, 2, 3, 4, 5, 6, 7, 12, 13, 24)]
+    + [(1, 1, 1), (3, 3, 5), (2, 7, 9), (4, 95, 40), (1, 257, 100), (5, 704, 256),
+       (1, 3072, 64), (8, 1030, 33)],
+)  # fmt: skip
+def test_panels_gemv_for_float32_inputs(gemv_kernels, rows, k, n):
+    """linear_panels_small_m with float32 x over a bf16 weight's panels (float32 compute):
+    F.linear over the widened weight within float32 rounding, strided x, with and without
+    bias; a shape-only weight gives bitwise the same (its values are not read)."""
+    x = torch.randn(rows, 2 * k)[:, :k]
+    w = (torch.randn(n, k) / 8).bfloat16()
+    panels = gemv_kernels.pack_weight_panels(w)
+    meta = torch.empty(w.shape, dtype=w.dtype, device="meta")
+    for bias in (None, torch.randn(n)):
+        out, from_meta = torch.empty(rows, n), torch.empty(rows, n)
+        gemv_kernels.linear_panels_small_m(out, x, w, bias, panels)
+        gemv_kernels.linear_panels_small_m(from_meta, x, meta, bias, panels)
+        assert torch.equal(out, from_meta)
+        want = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+        torch.testing.assert_close(out, want.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_panels_gemv_refuses_mixed_dtypes(kernels):
+    w = torch.randn(8, 16).bfloat16()
+    panels = kernels.pack_weight_panels(w)
+    with pytest.raises(RuntimeError, match="both bfloat16 or both float32"):
+        kernels.linear_panels_small_m(torch.empty(2, 8).bfloat16(), torch.randn(2, 16), w, None,
+                                      panels)  # fmt: skip
+    with pytest.raises(RuntimeError, match="pack_weight_panels"):
+        other = kernels.pack_weight_panels(torch.randn(40, 16).bfloat16())
+        kernels.linear_panels_small_m(torch.empty(2, 8), torch.randn(2, 16), w, None, other)
 
 
 @pytest.mark.parametrize(
@@ -213,3 +277,49 @@ def test_attaching_twice_keeps_the_panels(kernels, amx_tiles):
         if id(m) in before:
             weight, panels = before[id(m)]
             assert m.weight is weight and panels_of(m.weight) is panels
+
+
+def _float32_model(kernels, monkeypatch, vector_isa: str):
+    """The bf16 demo checkpoint loaded for float32 compute as on a build of `vector_isa`
+    (the routing rule reads kernels.vector_isa; the kernels themselves are this build's)."""
+    monkeypatch.setattr(kernels, "vector_isa", vector_isa)
+    try:
+        return get_model(ModelConfig(str(demo_target_path()), dtype=torch.float32), "cpu")
+    finally:
+        monkeypatch.undo()
+
+
+def test_float32_compute_keeps_only_panels_on_avx2(kernels, monkeypatch):
+    """float32 compute over the bf16 demo checkpoint: on the AVX2 build every linear weight
+    and the lm_head tied to the embedding keep only their panels (every call reads them:
+    the GEMV, then linear_packed at every row count): linear() gives the row-major
+    weight's float32 results at every row count, the embedding's lookups are bitwise its
+    rows. On AVX-512 (MKL over the rows serves prefill-size calls) both are kept."""
+    config = ModelConfig(str(demo_target_path()), dtype=torch.float32)
+    with envs.SGLANG_CPU_WEIGHT_PANELS.override(False):
+        rows_model = get_model(config, "cpu")
+    model = _float32_model(kernels, monkeypatch, "avx2")
+    pairs = [(m, r) for m, r in zip(model.modules(), rows_model.modules(), strict=True)
+             if isinstance(m, LinearBase)]  # fmt: skip
+    assert pairs and all(m.weight.is_meta and panels_of(m.weight) is not None for m, _ in pairs)
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.is_meta
+    ids = torch.tensor([[0, 1, 31, 32, 33], [4000, 8191, 7, 7, 100]])
+    embedded = model.model.embed_tokens(ids)
+    assert embedded.dtype == torch.float32
+    assert torch.equal(embedded, rows_model.model.embed_tokens(ids))
+    for m, r in pairs + [(model.lm_head, rows_model.lm_head)]:
+        for rows in (1, 3, HALF_WEIGHT_MAX_ROWS, 40, 300):  # the GEMV, linear_packed
+            x = torch.randn(rows, m.weight.shape[1])
+            want = F.linear(x.double(), r.weight.double()).float()
+            torch.testing.assert_close(linear(x, m.weight), want, atol=1e-4, rtol=1e-4)
+    avx512 = _float32_model(kernels, monkeypatch, "avx512")
+    linears = [m.weight for m in avx512.modules() if isinstance(m, LinearBase)]
+    assert all(not w.is_meta and panels_of(w) is not None for w in linears)
+
+
+def test_a_shape_only_weights_rows_come_back_from_its_panels(kernels):
+    """embedding_rows over every id rebuilds a shape-only weight's rows bitwise (odd K,
+    an N tail): what a reader needing the values (a weight update check) can use."""
+    w = torch.randn(37, 21).bfloat16()
+    param = shape_only(w, kernels.pack_weight_panels(w))
+    assert torch.equal(embedding_rows(torch.arange(37), param), w)

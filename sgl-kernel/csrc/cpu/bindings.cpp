@@ -66,8 +66,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
         py::arg("panels") = py::none());
   m.def("linear_panels_small_m", &sgl_cpu::linear_panels_small_m,
-        "out <- x @ w^T (+ bias), all bf16, for a few rows, from w's load-time panels only "
-        "(w may be shape-only, on the meta device)",
+        "out <- x @ w^T (+ bias) for a few rows of bf16 or float32 x over a bf16 w, from w's "
+        "load-time panels only (w may be shape-only, on the meta device)",
         py::arg("out"), py::arg("x"), py::arg("w"), py::arg("bias") = py::none(),
         py::arg("panels"));
   m.def("pack_weight_panels", &sgl_cpu::pack_weight_panels,

@@ -33,9 +33,10 @@ at::Tensor DecoderLayer::linear(const at::Tensor& x, const at::Tensor& w,
   }
   const bool small = rows <= s_.small_m_rows || (x.size(1) >= s_.long_k && rows <= s_.long_k_rows) ||
                      (half_w && rows <= s_.half_weight_rows);
-  if (small) {  // all bf16 with panels: their GEMV (w may be shape-only), as linear.py
+  if (small) {  // a bf16 w with panels (all bf16, or under float32): their GEMV (w may be
+                // shape-only), as linear.py panels_kernel
     at::Tensor out = at::empty({rows, w.size(0)}, x.options());
-    if (all_bf16 && panels.has_value()) {
+    if ((all_bf16 || half_w) && panels.has_value()) {
       linear_panels_small_m(out, x, w, bias, *panels);
     } else {
       linear_small_m(out, x, w, bias);

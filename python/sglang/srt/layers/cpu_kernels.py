@@ -121,6 +121,14 @@ def build_scalar() -> ModuleType:
     return _compile(source_dir(), CFLAGS + ("-DSGL_FORCE_SCALAR",))
 
 
+def build_for_march(march: str) -> ModuleType:
+    """The kernels built for another x86 target than this CPU (`-march=x86-64-v3`: the AVX2
+    build an AVX-512 machine would otherwise never run), for benchmarks that compare the
+    vector paths on one machine. Raises when it cannot be built."""
+    return _compile(source_dir(), tuple(f"-march={march}" if f == "-march=native" else f
+                                        for f in CFLAGS))  # fmt: skip
+
+
 def _compile(src: Path, cflags: tuple[str, ...]) -> ModuleType:
     _put_venv_ninja_on_path()
     from torch.utils import cpp_extension  # start-up cost: only when kernels are built

@@ -100,13 +100,19 @@ def _linear_from_panels(
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     kernels = cpu_kernels.load()
-    if x.dtype != torch.bfloat16 or kernels is None or not kernels.bf16_dot:
+    served = kernels is not None and (
+        (x.dtype == torch.bfloat16 and kernels.bf16_dot)
+        or (x.dtype == torch.float32 and kernels.weight_panel_width > 0)
+    )
+    if not served:
         raise RuntimeError(
             f"a {tuple(weight.shape)} weight kept only as its panels serves bfloat16 inputs "
-            f"on the kernels' bf16 dot product, not this {x.dtype} input"
+            f"on the kernels' bf16 dot product and float32 inputs on their vector build, "
+            f"not this {x.dtype} input"
         )
-    out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.bfloat16)
-    kernel = panels_kernel(kernels, rows.shape[0], rows.shape[1])
+    out = torch.empty(rows.shape[0], weight.shape[0], dtype=x.dtype)
+    # (None: a float32 call F.linear would serve from the rows, which are not kept)
+    kernel = panels_kernel(kernels, rows.shape[0], rows.shape[1], x.dtype) or kernels.linear_packed
     kernel(out, rows, weight, bias, getattr(weight, PANELS_ATTR))
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
@@ -126,9 +132,11 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if not dtypes_ok or (bias is not None and bias.dtype != x.dtype) or not cpu_kernels.usable(x):
         return None, False
     kernels = cpu_kernels.load()
-    all_bf16 = x.dtype == weight.dtype == torch.bfloat16
-    if all_bf16 and getattr(weight, PANELS_ATTR, None) is not None:
-        return panels_kernel(kernels, x.shape[0], x.shape[1]), True
+    has_panels = getattr(weight, PANELS_ATTR, None) is not None
+    if has_panels and (x.dtype == weight.dtype == torch.bfloat16 or half_under_float):
+        kernel = panels_kernel(kernels, x.shape[0], x.shape[1], x.dtype)
+        if kernel is not None:
+            return kernel, True
     if small_m_rows(x.shape[0], x.shape[1], half_under_float):
         return kernels.linear_small_m, False
     if kernels.bf16_dot and x.dtype == weight.dtype == torch.bfloat16:
@@ -141,14 +149,27 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return kernels.linear_packed, True
 
 
-def panels_kernel(kernels, rows: int, width: int):
-    """The kernel for an all-bf16 call of `rows` x `width` over a weight with load-time
-    panels (they exist for bf16 compute only where the kernels have the bf16 dot product):
-    where the tiles serve (`amx_rows`) the panels' GEMV below AMX_MIN_ROWS rows and the
-    tiles from there; elsewhere the GEMV for the rows `small_m_rows` gives (0.64-0.8x the
-    small-M kernel's time over the row-major weight at 1-8 rows, 0.9-1.0x at 32-128,
-    Qwen3-0.6B's projections, cold, AMX off on the Xeon) and linear_packed's dot product
-    past them. Both read only the panels (the rule decoder_layer.cpp applies too)."""
+def panels_kernel(kernels, rows: int, width: int, dtype: torch.dtype = torch.bfloat16):
+    """The kernel for a call of `rows` x `width` inputs in `dtype` over a bf16 weight with
+    load-time panels, reading only the panels (the rule decoder_layer.cpp applies too).
+
+    bf16 inputs (the panels exist for bf16 compute only where the kernels have the bf16
+    dot product): where the tiles serve (`amx_rows`) the panels' GEMV below AMX_MIN_ROWS
+    rows and the tiles from there; elsewhere the GEMV for the rows `small_m_rows` gives
+    (0.64-0.8x the small-M kernel's time over the row-major weight at 1-8 rows, 0.9-1.0x
+    at 32-128, Qwen3-0.6B's projections, cold, AMX off on the Xeon) and linear_packed's
+    dot product past them.
+
+    float32 inputs (a bf16 checkpoint under float32 compute): the GEMV for the rows
+    `small_m_rows` gives a half weight, linear_packed's tiles past them; None past
+    PACKED_MAX_ROWS_AVX512 rows on AVX-512, where MKL over the widened row-major weight
+    is faster (a weight kept only as its panels takes linear_packed there too)."""
+    if dtype == torch.float32:
+        if small_m_rows(rows, width, True):
+            return kernels.linear_panels_small_m
+        if kernels.vector_isa == "avx512" and rows > PACKED_MAX_ROWS_AVX512:
+            return None
+        return kernels.linear_packed
     if kernels.amx_tiles() and width % AMX_K_MULTIPLE == 0:
         small = rows < AMX_MIN_ROWS
     else:

@@ -13,15 +13,17 @@ streams on a 2-core AVX-512 EPYC, so it reads these panels too.
 Built only where they are read (a bf16 checkpoint run in float32 on a vector build of the
 kernels, or in bf16 where the kernels have the bf16 dot product; SGLANG_CPU_WEIGHT_PANELS
 on), at load time, when the weights are final; a weight update builds a new model and so
-new panels. Under float32 compute they are a second copy of the weight's bytes (the
-small-M rows read the row-major weight).
+new panels.
 
-Where every use of a weight reads its panels (bf16 compute: `linear.panels_kernel`, the
-panels' GEMV for decode-size calls, the tiles or the bf16 dot product past them; an
+Where every use of a weight reads its panels (`linear.panels_kernel`: the panels' GEMV
+for decode-size calls, the tiles, the bf16 dot product or linear_packed past them; an
 embedding tied to the lm_head gathers its lookups' rows from them), the row-major copy
 is not kept: its module's parameter becomes a shape-only tensor on the meta device
-carrying the panels, so the weights take their bytes once (Qwen3-0.6B:
-1,137 MiB less). A weight some other module holds keeps both.
+carrying the panels, so the weights take their bytes once (Qwen3-0.6B: 1,137 MiB less).
+That holds for bf16 compute, and for float32 compute on the AVX2 build; under float32
+on AVX-512 the prefill-size calls read the row-major weight (`_kernels_read_only_panels`),
+and a weight some other module holds keeps its rows too: there the panels are a second
+copy, packed while they fit MAX_AVAILABLE_FRACTION of the available memory.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def attach(model: nn.Module, compute_dtype: torch.dtype) -> None:
     """Pack the panels of the model's bf16 linear weights (and its lm_head's) when the
     kernels will read them: float32 compute over bf16 weights on a vector build, or bf16
     compute where the kernels have the bf16 dot product. A weight whose every call reads
-    its panels keeps only them (`_panels_serve_every_call`)."""
+    its panels keeps only them (`_kernels_read_only_panels`, `_panels_serve_every_call`)."""
     if compute_dtype not in (torch.float32, torch.bfloat16):
         return
     if not envs.SGLANG_CPU_WEIGHT_PANELS.get():
@@ -70,11 +72,12 @@ def attach(model: nn.Module, compute_dtype: torch.dtype) -> None:
     holders = _holders(model)
     replaced: list[tuple[nn.Module, str]] = []  # (module, parameter name): panels only
     copies: list[torch.Tensor] = []  # panels beside the row-major weight
+    rows_unread = _kernels_read_only_panels(kernels, compute_dtype)
     for w in _linear_weights(model):
         if w.is_meta or w.dtype != torch.bfloat16 or w.dim() != 2 or not w.is_contiguous():
             continue  # (meta: already kept only as its panels)
         owners = holders.get(id(w), [])
-        if compute_dtype == torch.bfloat16 and _panels_serve_every_call(owners):
+        if rows_unread and _panels_serve_every_call(owners):
             replaced.append(owners[0])
         else:
             copies.append(w)
@@ -110,12 +113,20 @@ def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
     return holders
 
 
+def _kernels_read_only_panels(kernels, compute_dtype: torch.dtype) -> bool:
+    """Whether every linear() call over a weight with panels reads only them in this
+    compute dtype (`linear.panels_kernel`): all-bf16 calls do; float32 calls do on the
+    AVX2 build (the GEMV, then linear_packed at every row count), not on AVX-512, where
+    MKL over the widened row-major weight serves the calls past PACKED_MAX_ROWS_AVX512
+    rows (prefill chunks, 1.3-1.7x faster than linear_packed there), so both stay."""
+    return compute_dtype == torch.bfloat16 or kernels.vector_isa != "avx512"
+
+
 def _panels_serve_every_call(owners: list) -> bool:
-    """Whether every use of a bf16-compute weight reads its panels, so its row-major copy
-    is not needed: every all-bf16 call over a weight with panels does
-    (`linear.panels_kernel`), and its holders are linear layers and embeddings (an
-    lm_head tied to the embedding: `linear.embedding_rows` gathers the lookups' rows from
-    the panels), nothing that might read the rows itself."""
+    """Whether every use of a weight reads its panels, so its row-major copy is not
+    needed (given `_kernels_read_only_panels`): its holders are linear layers and
+    embeddings (an lm_head tied to the embedding: `linear.embedding_rows` gathers the
+    lookups' rows from the panels), nothing that might read the rows itself."""
     return len(owners) >= 1 and all(
         isinstance(m, PANEL_READERS) and name == "weight" for m, name in owners
     )
