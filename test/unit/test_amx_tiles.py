@@ -118,10 +118,11 @@ def test_linear_routes_by_rows_width_and_panels(kernels, amx_tiles, monkeypatch)
         assert small == usual_small and packed == [] and gemv == []
 
 
-# rows: one pass of the GEMV's 7-row blocks and its tails, several passes (15 = 7 + 7 + 1);
-# K: odd (a zero-padded last pair), a multiple of 32; N: panel tails
+# rows: one pass of the GEMV's 7-row blocks and its tails (4 streams up to 3 rows, 2 from
+# 4), several passes (15 = 7 + 7 + 1); K: odd (a zero-padded last pair), a multiple of
+# 32, pairs the streams split with a rest, fewer pairs than streams; N: panel tails
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 15])
-@pytest.mark.parametrize("k,n", [(30, 70), (64, 33), (1024, 96), (33, 32)])
+@pytest.mark.parametrize("k,n", [(30, 70), (64, 33), (1024, 96), (33, 32), (5, 9)])
 def test_panels_gemv_is_float32_within_bf16(kernels, rows, k, n):
     """The panels' GEMV, over a shape-only weight (its values only in the panels), with
     rows strided as a view of a wider output, with and without a bias."""

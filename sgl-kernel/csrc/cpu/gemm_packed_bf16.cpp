@@ -137,56 +137,65 @@ std::vector<uint32_t> x_words(const c10::BFloat16* x, int rows, const Bf16Call& 
   return words;
 }
 
-// Rows of x per GEMV pass (a call of more rows runs several): 7 x 4 accumulators + 2 W +
-// 1 x of 32 zmm.
+// Rows of x per GEMV pass (a call of more rows runs several): 7 rows x 2 streams x 2
+// sums + 2 W + 1 x of 32 zmm.
 constexpr int kGemvMaxRows = 7;
-// Panel words prefetched ahead of the step (a thread's panels are one sequential stream).
-// Qwen3-0.6B's projections, cold, 2 threads (AMX Xeon): 1 / 4 / 8 / 16 KiB ahead ran the
-// one-row call at 0.95-1.06 / 0.88-0.97 / 0.79-0.97 / 0.85-0.97x the small-M kernel's
-// time over the row-major weight.
-constexpr int64_t kGemvAheadPairs = 64;  // 64 pairs x 128 bytes = 8 KiB
+// Panel words each stream is prefetched ahead: 2 KiB. Qwen3-0.6B's projections and its
+// lm_head, cold, 2 threads (AMX Xeon): 4 streams 2 KiB ahead ran 1 row in 0.82-0.88x the
+// time of one stream 8 KiB ahead, 2-7 rows in 0.86-0.97x; 4 KiB ahead the same or slower.
+constexpr int64_t kGemvAheadPairs = (2 << 10) / (kPanel * 4);
+
+// Streams a panel is read in (its pairs split into this many equal parts, each with its
+// own sums): one sequential stream per thread leaves the memory system idle between its
+// prefetches. 4 streams x R rows x 2 sums + 2 W + 1 x registers up to 3 rows.
+template <int R>
+constexpr int gemv_streams() {
+  return 8 * R + 3 <= 32 ? 4 : (4 * R + 3 <= 32 ? 2 : 1);
+}
 
 // out rows [0, R) x columns [n0, n0 + cols) <- the R rows of x (as words) over one
-// load-time panel. With few rows each accumulator's chain of dot products is the bound,
-// so R <= 3 splits the pairs over two chains (even and odd pairs), summed at the end.
+// load-time panel, read as gemv_streams<R>() streams.
 template <int R>
 void panel_gemv(const uint32_t* xw, const uint32_t* panel, c10::BFloat16* out, int64_t n0,
                 int64_t cols, const Bf16Call& c) {
-  constexpr int kChains = R <= 3 ? 2 : 1;
-  __m512 lo[kChains][R], hi[kChains][R];
-  for (int h = 0; h < kChains; ++h)
-    for (int r = 0; r < R; ++r) lo[h][r] = hi[h][r] = _mm512_setzero_ps();
-  const int64_t steps = c.pairs - c.pairs % kChains;
-  for (int64_t p = 0; p < steps; p += kChains) {
-    _mm_prefetch(reinterpret_cast<const char*>(panel + (p + kGemvAheadPairs) * kPanel), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(panel + (p + kGemvAheadPairs) * kPanel + kVecWidth),
-                 _MM_HINT_T0);
-    for (int h = 0; h < kChains; ++h) {
-      const __m512bh w_lo = (__m512bh)_mm512_loadu_si512(panel + (p + h) * kPanel);
-      const __m512bh w_hi = (__m512bh)_mm512_loadu_si512(panel + (p + h) * kPanel + kVecWidth);
+  constexpr int S = gemv_streams<R>();
+  __m512 lo[S][R], hi[S][R];
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < R; ++r) lo[s][r] = hi[s][r] = _mm512_setzero_ps();
+  const int64_t part = c.pairs / S;
+  for (int64_t p = 0; p < part; ++p) {
+    for (int s = 0; s < S; ++s) {
+      const uint32_t* w = panel + (s * part + p + kGemvAheadPairs) * kPanel;
+      _mm_prefetch(reinterpret_cast<const char*>(w), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + kVecWidth), _MM_HINT_T0);
+    }
+    for (int s = 0; s < S; ++s) {
+      const int64_t q = s * part + p;
+      const __m512bh w_lo = (__m512bh)_mm512_loadu_si512(panel + q * kPanel);
+      const __m512bh w_hi = (__m512bh)_mm512_loadu_si512(panel + q * kPanel + kVecWidth);
       for (int r = 0; r < R; ++r) {
-        const __m512bh xv = (__m512bh)_mm512_set1_epi32(int32_t(xw[r * c.pairs + p + h]));
-        lo[h][r] = _mm512_dpbf16_ps(lo[h][r], xv, w_lo);
-        hi[h][r] = _mm512_dpbf16_ps(hi[h][r], xv, w_hi);
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(int32_t(xw[r * c.pairs + q]));
+        lo[s][r] = _mm512_dpbf16_ps(lo[s][r], xv, w_lo);
+        hi[s][r] = _mm512_dpbf16_ps(hi[s][r], xv, w_hi);
       }
     }
   }
-  for (int64_t p = steps; p < c.pairs; ++p) {  // an odd number of pairs on two chains
-    const __m512bh w_lo = (__m512bh)_mm512_loadu_si512(panel + p * kPanel);
-    const __m512bh w_hi = (__m512bh)_mm512_loadu_si512(panel + p * kPanel + kVecWidth);
+  for (int64_t q = S * part; q < c.pairs; ++q) {  // the parts' rest
+    const __m512bh w_lo = (__m512bh)_mm512_loadu_si512(panel + q * kPanel);
+    const __m512bh w_hi = (__m512bh)_mm512_loadu_si512(panel + q * kPanel + kVecWidth);
     for (int r = 0; r < R; ++r) {
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(int32_t(xw[r * c.pairs + p]));
-      lo[0][r] = _mm512_dpbf16_ps(lo[0][r], xv, w_lo);
-      hi[0][r] = _mm512_dpbf16_ps(hi[0][r], xv, w_hi);
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(int32_t(xw[r * c.pairs + q]));
+      lo[S - 1][r] = _mm512_dpbf16_ps(lo[S - 1][r], xv, w_lo);
+      hi[S - 1][r] = _mm512_dpbf16_ps(hi[S - 1][r], xv, w_hi);
     }
   }
   const __m512 b_lo = load_bias(c.bias, n0, cols);
   const __m512 b_hi = load_bias(c.bias, n0 + kVecWidth, cols - kVecWidth);
   for (int r = 0; r < R; ++r) {
     __m512 sum_lo = lo[0][r], sum_hi = hi[0][r];
-    if constexpr (kChains == 2) {
-      sum_lo = _mm512_add_ps(sum_lo, lo[1][r]);
-      sum_hi = _mm512_add_ps(sum_hi, hi[1][r]);
+    for (int s = 1; s < S; ++s) {
+      sum_lo = _mm512_add_ps(sum_lo, lo[s][r]);
+      sum_hi = _mm512_add_ps(sum_hi, hi[s][r]);
     }
     store_bf16(out + r * c.n + n0, _mm512_add_ps(sum_lo, b_lo), cols);
     store_bf16(out + r * c.n + n0 + kVecWidth, _mm512_add_ps(sum_hi, b_hi), cols - kVecWidth);
