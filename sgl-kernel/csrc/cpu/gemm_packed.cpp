@@ -344,23 +344,23 @@ void run_packed(float* out, const float* x, const W* w, const PackedCall& c,
 // Rows per pass: one chain per sum holds 2R sums + 2 W + 1 x registers (the word's low
 // rows, then its high rows, as pair_tile).
 constexpr int kGemvMaxRows = kVecRegisters == 32 ? 4 : 6;
-// Bytes each of a panel's streams (gemv_streams) is prefetched ahead. Qwen3-0.6B's
-// projections, cold, 2 threads, 1-4 rows (Xeon, the AVX2 and AVX-512 builds): 2 KiB ran
-// 0.87-1.10x the small-M kernel's time over the row-major weight, 8 KiB 1.0-1.24x on
-// AVX2, none 1.14-1.65x.
-constexpr int64_t kGemvAheadBytes = 2 << 10;
+// Panel bytes prefetched ahead, split over a panel's streams (gemv_streams: 2 KiB ahead
+// of each of 4, 8 KiB of one). Qwen3-0.6B's projections, cold, 2 threads, 1-4 rows (Xeon,
+// the AVX2 and AVX-512 builds): 4 streams 2 KiB ahead ran 0.87-1.10x the small-M
+// kernel's time over the row-major weight, 8 KiB each 1.0-1.24x on AVX2, none 1.14-1.65x.
+constexpr int64_t kGemvAheadBytes = 8 << 10;
 constexpr int64_t kWordRowBytes = kPanel * int64_t(sizeof(uint32_t));
-constexpr int64_t kGemvAheadWords = (kGemvAheadBytes / kWordRowBytes) * kPanel;
 
 // sums (lo, hi) of rows [0, R) += x rows [0, R) over the panel's word rows [p0, p1) (both
 // halves of each word: K rows 2p and 2p + 1), the stream prefetched ahead.
 template <int R>
 inline void gemv_words(const float* x, const uint32_t* panel, int64_t p0, int64_t p1,
                        vfloat* lo, vfloat* hi, const PackedCall& c) {
+  constexpr int64_t kAheadWords = (kGemvAheadBytes / kWordRowBytes) * kPanel;
   const uint32_t* w = panel + p0 * kPanel;
   for (int64_t p = p0; p < p1; ++p, w += kPanel) {
     for (int64_t b = 0; b < kWordRowBytes; b += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + kGemvAheadWords) + b, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + kAheadWords) + b, _MM_HINT_T0);
     }
     const vfloat e_lo = vpair_low(w), e_hi = vpair_low(w + kVecWidth);
     for (int r = 0; r < R; ++r) {
@@ -392,6 +392,7 @@ template <int R>
 void panel_gemv(const float* x, const uint32_t* panel, float* out, int64_t n0, int64_t cols,
                 const PackedCall& c) {
   constexpr int S = gemv_streams<R>();
+  constexpr int64_t kAheadWords = (kGemvAheadBytes / S / kWordRowBytes) * kPanel;
   vfloat lo[S][R], hi[S][R];
   for (int s = 0; s < S; ++s)
     for (int r = 0; r < R; ++r) lo[s][r] = hi[s][r] = vzero();
@@ -400,7 +401,7 @@ void panel_gemv(const float* x, const uint32_t* panel, float* out, int64_t n0, i
     for (int s = 0; s < S; ++s) {
       const uint32_t* w = panel + (s * part + p) * kPanel;
       for (int64_t b = 0; b < kWordRowBytes; b += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + kGemvAheadWords) + b, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + kAheadWords) + b, _MM_HINT_T0);
       }
     }
     for (int s = 0; s < S; ++s) {

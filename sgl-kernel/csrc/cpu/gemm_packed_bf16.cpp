@@ -140,10 +140,12 @@ std::vector<uint32_t> x_words(const c10::BFloat16* x, int rows, const Bf16Call& 
 // Rows of x per GEMV pass (a call of more rows runs several): 7 rows x 2 streams x 2
 // sums + 2 W + 1 x of 32 zmm.
 constexpr int kGemvMaxRows = 7;
-// Panel words each stream is prefetched ahead: 2 KiB. Qwen3-0.6B's projections and its
-// lm_head, cold, 2 threads (AMX Xeon): 4 streams 2 KiB ahead ran 1 row in 0.82-0.88x the
-// time of one stream 8 KiB ahead, 2-7 rows in 0.86-0.97x; 4 KiB ahead the same or slower.
-constexpr int64_t kGemvAheadPairs = (2 << 10) / (kPanel * 4);
+// Panel bytes prefetched ahead, split over a panel's streams (8 KiB ahead of one stream,
+// 2 KiB of each of 4). Qwen3-0.6B's projections and its lm_head, cold, 2 threads (AMX
+// Xeon): 4 streams 2 KiB ahead ran 1 row in 0.82-0.88x the time of one stream 8 KiB
+// ahead, 2-7 rows in 0.86-0.97x; 4 KiB each the same or slower. The demo model's
+// weights (in L3) ran 4 rows 1.1x slower on one stream 2 KiB ahead than 8 KiB.
+constexpr int64_t kGemvAheadBytes = 8 << 10;
 
 // Streams a panel is read in (its pairs split into this many equal parts, each with its
 // own sums): one sequential stream per thread leaves the memory system idle between its
@@ -153,19 +155,25 @@ constexpr int gemv_streams() {
   return 8 * R + 3 <= 32 ? 4 : (4 * R + 3 <= 32 ? 2 : 1);
 }
 
+// Panels of fewer pairs (K < 1024) are read as 2 streams up to 3 rows and 1 from 4 (as
+// the GEMV with one stream and two chains was): the demo model's weights (K 256-704, in
+// L3) ran 2-7 rows up to 1.19x slower on 4 streams and 4-7 rows up to 1.2x on 2; only
+// the larger ones (Qwen3-0.6B's, K >= 1024) were measured faster.
+constexpr int64_t kGemvFourStreamMinPairs = 512;
+
 // out rows [0, R) x columns [n0, n0 + cols) <- the R rows of x (as words) over one
-// load-time panel, read as gemv_streams<R>() streams.
-template <int R>
+// load-time panel, read as S streams.
+template <int R, int S>
 void panel_gemv(const uint32_t* xw, const uint32_t* panel, c10::BFloat16* out, int64_t n0,
                 int64_t cols, const Bf16Call& c) {
-  constexpr int S = gemv_streams<R>();
+  constexpr int64_t kAheadPairs = kGemvAheadBytes / S / (kPanel * 4);
   __m512 lo[S][R], hi[S][R];
   for (int s = 0; s < S; ++s)
     for (int r = 0; r < R; ++r) lo[s][r] = hi[s][r] = _mm512_setzero_ps();
   const int64_t part = c.pairs / S;
   for (int64_t p = 0; p < part; ++p) {
     for (int s = 0; s < S; ++s) {
-      const uint32_t* w = panel + (s * part + p + kGemvAheadPairs) * kPanel;
+      const uint32_t* w = panel + (s * part + p + kAheadPairs) * kPanel;
       _mm_prefetch(reinterpret_cast<const char*>(w), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(w + kVecWidth), _MM_HINT_T0);
     }
@@ -210,7 +218,13 @@ void gemv_panel(c10::BFloat16* out, const uint32_t* xw, const uint32_t* packed, 
   const uint32_t* panel = packed + p * c.pairs * kPanel;
   for (int64_t m0 = 0; m0 < c.m; m0 += kGemvMaxRows) {
     with_rows<kGemvMaxRows>(int(std::min<int64_t>(kGemvMaxRows, c.m - m0)), [&](auto r) {
-      panel_gemv<decltype(r)::value>(xw + m0 * c.pairs, panel, out + m0 * c.n, n0, cols, c);
+      constexpr int R = decltype(r)::value;
+      constexpr int kMost = gemv_streams<R>(), kFew = R <= 3 ? 2 : 1;
+      if (c.pairs >= kGemvFourStreamMinPairs) {
+        panel_gemv<R, kMost>(xw + m0 * c.pairs, panel, out + m0 * c.n, n0, cols, c);
+      } else {
+        panel_gemv<R, kFew>(xw + m0 * c.pairs, panel, out + m0 * c.n, n0, cols, c);
+      }
     });
   }
 }
