@@ -24,7 +24,7 @@ from sglang.test.soak import KINDS, SoakConfig, run_soak
 
 pytestmark = pytest.mark.slow
 
-MAX_QUEUED = 32
+MAX_QUEUED = 16  # small: the bursts and the 64 workers overflow it
 MAX_TOTAL_TOKENS = 8192  # small: the warm-up touches the whole KV pool and the radix cache fills
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
@@ -52,7 +52,11 @@ def test_soak(server):
     print(result.table())
     assert result.ok, result.table()
     assert set(result.requests) == set(KINDS)  # every kind ran
-    assert result.kind_status["burst", "429"] > 0  # the bursts did fill the queue
+    # the queue did fill (and its overflow got 429s while the rest were served): from the
+    # bursts mostly, but on a fast machine a burst can drain as it arrives (0 of 900
+    # burst requests refused in one CI run, 20 of the other kinds'), so any kind counts
+    refused = sum(n for (_, status), n in result.kind_status.items() if status == "429")
+    assert refused > 0
     assert result.aborted_by_client > 0  # the aborts did land on running requests
     assert result.final_state["max_total_num_tokens"] == MAX_TOTAL_TOKENS
     roles = {name.split("[")[0] for name in result.rss_start}
