@@ -16,8 +16,8 @@ def no_openmp_env(monkeypatch):
     return monkeypatch
 
 
-def test_cpu_scheduler_gets_sleeping_openmp_workers(no_openmp_env):
-    assert child_env.scheduler_env("cpu") == {"OMP_WAIT_POLICY": "PASSIVE"}
+def test_cpu_scheduler_gets_a_short_openmp_spin(no_openmp_env):
+    assert child_env.scheduler_env("cpu") == {"GOMP_SPINCOUNT": "30000"}
 
 
 def test_gpu_scheduler_env_unchanged(no_openmp_env):

@@ -8,10 +8,14 @@ worker that finishes its share of a parallel region spins for 300,000 pause
 instructions before it sleeps: 10-20 ms on a core whose pause is ~140 cycles (Intel
 since Skylake-SP). After each prefill chunk the spinning worker holds a core while the
 decode steps run on the kernels' own pool and the HTTP process streams tokens, and on a
-small machine they queue behind it. Served on 2 cores (demo model, concurrency 8, 128
-streams, alternating): p99 TTFT 125-185 -> 37-59 ms, out tok/s 4,704-5,200 ->
-5,017-5,333 with the workers sleeping at once (OMP_WAIT_POLICY=PASSIVE), concurrency 1
-and 32 no slower (benchmark/RESULTS.md). An operator's own OMP_WAIT_POLICY or
+small machine they queue behind it. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) fixed
+that when served (2 cores, demo model, concurrency 8: p99 TTFT 125-185 -> 37-59 ms), but
+then every torch parallel region of a large batch wakes its workers through the kernel:
+offline at batch 256 on another 2-core AMX Xeon it ran 7,840 / 7,873 out tok/s against
+11,297 / 10,968 with a spin of 30,000 pauses (~1.4 ms there), which served the same
+(concurrency 8 and 32 within run-to-run noise of PASSIVE; benchmark/RESULTS.md). So a
+CPU scheduler starts with GOMP_SPINCOUNT=30000: long enough for the regions of one step,
+short against the gaps between steps. An operator's own OMP_WAIT_POLICY or
 GOMP_SPINCOUNT is kept.
 """
 
@@ -23,7 +27,7 @@ from collections.abc import Iterator
 
 from sglang.srt.environ import envs
 
-OPENMP_IDLE_SLEEPS = {"OMP_WAIT_POLICY": "PASSIVE"}
+OPENMP_IDLE_SPIN = {"GOMP_SPINCOUNT": "30000"}  # pauses a worker spins before it sleeps
 
 
 def scheduler_env(device: str) -> dict[str, str]:
@@ -32,7 +36,7 @@ def scheduler_env(device: str) -> dict[str, str]:
         return {}
     if envs.OMP_WAIT_POLICY.is_set() or envs.GOMP_SPINCOUNT.is_set():
         return {}
-    return dict(OPENMP_IDLE_SLEEPS)
+    return dict(OPENMP_IDLE_SPIN)
 
 
 @contextlib.contextmanager
