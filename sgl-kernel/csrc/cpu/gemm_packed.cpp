@@ -351,29 +351,22 @@ constexpr int kGemvMaxRows = kVecRegisters == 32 ? 4 : 6;
 constexpr int64_t kGemvAheadBytes = 8 << 10;
 constexpr int64_t kWordRowBytes = kPanel * int64_t(sizeof(uint32_t));
 
-// sums (lo, hi) of rows [0, R) += x rows [0, R) over the panel's word rows [p0, p1) (both
-// halves of each word: K rows 2p and 2p + 1), the stream prefetched ahead.
+// sums (lo, hi) of rows [0, R) += x rows [0, R) (from xs: x's columns 2p and 2p + 1) over
+// one word row `w` of a panel: its low halves (K row 2p), then its high halves (2p + 1).
 template <int R>
-inline void gemv_words(const float* x, const uint32_t* panel, int64_t p0, int64_t p1,
-                       vfloat* lo, vfloat* hi, const PackedCall& c) {
-  constexpr int64_t kAheadWords = (kGemvAheadBytes / kWordRowBytes) * kPanel;
-  const uint32_t* w = panel + p0 * kPanel;
-  for (int64_t p = p0; p < p1; ++p, w += kPanel) {
-    for (int64_t b = 0; b < kWordRowBytes; b += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + kAheadWords) + b, _MM_HINT_T0);
-    }
-    const vfloat e_lo = vpair_low(w), e_hi = vpair_low(w + kVecWidth);
-    for (int r = 0; r < R; ++r) {
-      const vfloat xv = vset1(x[r * c.x_stride + 2 * p]);
-      lo[r] = vfma(xv, e_lo, lo[r]);
-      hi[r] = vfma(xv, e_hi, hi[r]);
-    }
-    const vfloat o_lo = vpair_high(w), o_hi = vpair_high(w + kVecWidth);
-    for (int r = 0; r < R; ++r) {
-      const vfloat xv = vset1(x[r * c.x_stride + 2 * p + 1]);
-      lo[r] = vfma(xv, o_lo, lo[r]);
-      hi[r] = vfma(xv, o_hi, hi[r]);
-    }
+inline void add_word_row(const float* xs, const uint32_t* w, vfloat* lo, vfloat* hi,
+                         const PackedCall& c) {
+  const vfloat e_lo = vpair_low(w), e_hi = vpair_low(w + kVecWidth);
+  for (int r = 0; r < R; ++r) {
+    const vfloat xv = vset1(xs[r * c.x_stride]);
+    lo[r] = vfma(xv, e_lo, lo[r]);
+    hi[r] = vfma(xv, e_hi, hi[r]);
+  }
+  const vfloat o_lo = vpair_high(w), o_hi = vpair_high(w + kVecWidth);
+  for (int r = 0; r < R; ++r) {
+    const vfloat xv = vset1(xs[r * c.x_stride + 1]);
+    lo[r] = vfma(xv, o_lo, lo[r]);
+    hi[r] = vfma(xv, o_hi, hi[r]);
   }
 }
 
@@ -405,23 +398,13 @@ void panel_gemv(const float* x, const uint32_t* panel, float* out, int64_t n0, i
       }
     }
     for (int s = 0; s < S; ++s) {
-      const uint32_t* w = panel + (s * part + p) * kPanel;
-      const float* xs = x + 2 * (s * part + p);
-      const vfloat e_lo = vpair_low(w), e_hi = vpair_low(w + kVecWidth);
-      for (int r = 0; r < R; ++r) {
-        const vfloat xv = vset1(xs[r * c.x_stride]);
-        lo[s][r] = vfma(xv, e_lo, lo[s][r]);
-        hi[s][r] = vfma(xv, e_hi, hi[s][r]);
-      }
-      const vfloat o_lo = vpair_high(w), o_hi = vpair_high(w + kVecWidth);
-      for (int r = 0; r < R; ++r) {
-        const vfloat xv = vset1(xs[r * c.x_stride + 1]);
-        lo[s][r] = vfma(xv, o_lo, lo[s][r]);
-        hi[s][r] = vfma(xv, o_hi, hi[s][r]);
-      }
+      const int64_t q = s * part + p;
+      add_word_row<R>(x + 2 * q, panel + q * kPanel, lo[s], hi[s], c);
     }
   }
-  gemv_words<R>(x, panel, S * part, full_pairs, lo[S - 1], hi[S - 1], c);  // the parts' rest
+  for (int64_t q = S * part; q < full_pairs; ++q) {  // the parts' rest
+    add_word_row<R>(x + 2 * q, panel + q * kPanel, lo[S - 1], hi[S - 1], c);
+  }
   if (c.k % 2 != 0) {  // an odd K's last row: the word's low half (x past K is not read)
     const uint32_t* w = panel + full_pairs * kPanel;
     const vfloat e_lo = vpair_low(w), e_hi = vpair_low(w + kVecWidth);

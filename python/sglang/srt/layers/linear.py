@@ -144,7 +144,7 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         return kernels.linear_packed, True
     if not half_under_float:
         return None, False
-    if kernels.vector_isa == "avx512" and x.shape[0] > PACKED_MAX_ROWS_AVX512:
+    if widened_weight_serves(kernels, x.shape[0]):
         return None, False  # widened, then F.linear
     return kernels.linear_packed, True
 
@@ -167,14 +167,22 @@ def panels_kernel(kernels, rows: int, width: int, dtype: torch.dtype = torch.bfl
     if dtype == torch.float32:
         if small_m_rows(rows, width, True):
             return kernels.linear_panels_small_m
-        if kernels.vector_isa == "avx512" and rows > PACKED_MAX_ROWS_AVX512:
-            return None
-        return kernels.linear_packed
+        return None if widened_weight_serves(kernels, rows) else kernels.linear_packed
     if kernels.amx_tiles() and width % AMX_K_MULTIPLE == 0:
         small = rows < AMX_MIN_ROWS
     else:
         small = small_m_rows(rows, width, False)
     return kernels.linear_panels_small_m if small else kernels.linear_packed
+
+
+def widened_weight_serves(kernels, rows: int | None = None) -> bool:
+    """Whether F.linear over the widened row-major weight serves a float32 call of `rows`
+    rows over a half weight (MKL beats linear_packed past PACKED_MAX_ROWS_AVX512 rows on
+    AVX-512; linear_packed is the faster at every size on AVX2); `rows` None: some call's
+    row count would, so such a weight's rows are read."""
+    if kernels.vector_isa != "avx512":
+        return False
+    return rows is None or rows > PACKED_MAX_ROWS_AVX512
 
 
 def amx_rows(kernels, width: int, weight: torch.Tensor) -> bool:

@@ -36,7 +36,7 @@ from torch import nn
 
 from sglang.srt.environ import envs
 from sglang.srt.layers import cpu_kernels
-from sglang.srt.layers.linear import PANELS_ATTR, LinearBase
+from sglang.srt.layers.linear import PANELS_ATTR, LinearBase, widened_weight_serves
 from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 logger = logging.getLogger(__name__)
@@ -115,11 +115,10 @@ def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
 
 def _kernels_read_only_panels(kernels, compute_dtype: torch.dtype) -> bool:
     """Whether every linear() call over a weight with panels reads only them in this
-    compute dtype (`linear.panels_kernel`): all-bf16 calls do; float32 calls do on the
-    AVX2 build (the GEMV, then linear_packed at every row count), not on AVX-512, where
-    MKL over the widened row-major weight serves the calls past PACKED_MAX_ROWS_AVX512
-    rows (prefill chunks, 1.3-1.7x faster than linear_packed there), so both stay."""
-    return compute_dtype == torch.bfloat16 or kernels.vector_isa != "avx512"
+    compute dtype (`linear.panels_kernel`): all-bf16 calls do; float32 calls do unless F.linear
+    over the widened row-major weight serves some row counts (`linear.widened_weight_serves`:
+    prefill chunks on AVX-512, 1.3-1.7x faster than linear_packed there), so both stay."""
+    return compute_dtype == torch.bfloat16 or not widened_weight_serves(kernels)
 
 
 def _panels_serve_every_call(owners: list) -> bool:
