@@ -89,8 +89,20 @@ def reference(tiny_llama_dir, prompts):
         {"schedule_policy": "lpm"},
         {"schedule_policy": "dfs-weight", "chunked_prefill_size": 16},
         {"schedule_policy": "random", "max_total_tokens": 256},
+        {"enable_mixed_chunk": True, "chunked_prefill_size": 8},
+        {"enable_mixed_chunk": True, "page_size": 4, "chunked_prefill_size": 8},
+        {"enable_mixed_chunk": True, "max_total_tokens": 128, "chunked_prefill_size": 16},
     ],
-    ids=["page4", "page4-chunk8", "lpm", "dfs-weight-chunk16", "random-small-pool"],
+    ids=[
+        "page4",
+        "page4-chunk8",
+        "lpm",
+        "dfs-weight-chunk16",
+        "random-small-pool",
+        "mixed-chunk8",
+        "mixed-page4-chunk8",
+        "mixed-small-pool-chunk16",
+    ],
 )
 def test_outputs_match_across_configurations(tiny_llama_dir, prompts, reference, fields):
     sched, ctx = make_scheduler(str(tiny_llama_dir), **fields)
@@ -153,8 +165,11 @@ class _FailAfter:
 
 @pytest.mark.parametrize("after", [0, 2], ids=["in-prefill", "in-decode"])
 @pytest.mark.parametrize(
-    "fields", [{}, {"page_size": 4, "chunked_prefill_size": 8}], ids=["page1", "page4-chunk8"]
-)
+    "fields",
+    [{}, {"page_size": 4, "chunked_prefill_size": 8},
+     {"enable_mixed_chunk": True, "chunked_prefill_size": 8}],
+    ids=["page1", "page4-chunk8", "mixed-chunk8"],
+)  # fmt: skip
 def test_a_failing_forward_fails_only_its_request(
     tiny_llama_dir, prompts, reference, after, fields
 ):
@@ -173,3 +188,122 @@ def test_a_failing_forward_fails_only_its_request(
                 assert sum((ids for ids, _ in got[str(i)]), []) == reference[i], i
     finally:
         ctx.restore()
+
+
+@pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "not-mixed"])
+def test_mixed_chunk_keeps_decoding_while_a_long_prompt_prefills(
+    tiny_llama_dir, prompts, reference, mixed
+):
+    """With --enable-mixed-chunk a running stream gets a token in every step of another
+    request's chunked prefill (without it, none until the prompt is done), and its tokens
+    are the reference's; the chunk rows plus the decode row keep to the chunk size."""
+    sched, ctx = make_scheduler(
+        str(tiny_llama_dir), enable_mixed_chunk=mixed, chunked_prefill_size=8
+    )
+    q = sched.recv_from_tokenizer
+    try:
+        q.send(request("running", prompts[1], max_new=40, stream=True))
+        sched.step()  # its prefill: the first token
+        first = [
+            ids for m in sched.send_to_detokenizer.recv_all_nowait() for ids in m.new_output_ids
+        ]
+        q.send(request("long", prompts[0] * 4, max_new=3))
+        got = run_until_idle_with_steps(sched)
+        prefill_steps = [s for s in got if s["long_prefilling"]]
+        assert len(prefill_steps) >= 4
+        streamed = [s["running_tokens"] for s in prefill_steps]
+        assert streamed == ([1] * len(streamed) if mixed else [0] * len(streamed))
+        assert all(s["rows"] <= 8 for s in prefill_steps)
+        running = sum(first, []) + sum((s["running_ids"] for s in got), [])
+        assert len(running) == 40 and running[:5] == reference[1]
+    finally:
+        ctx.restore()
+
+
+def run_until_idle_with_steps(sched, max_steps: int = 500) -> list[dict]:
+    """Per step: the tokens streamed to "running", whether "long" was still prefilling
+    when the step began, and the rows of the step's forward."""
+    steps: list[dict] = []
+    rows: list[int] = []
+    forward = sched.forward
+
+    def counting_forward(reqs, worker_batch):
+        rows.append(int(worker_batch.input_ids.numel()))
+        return forward(reqs, worker_batch)
+
+    sched.forward = counting_forward
+    for _ in range(max_steps):
+        long_waiting = any(r.rid == "long" for r in sched.waiting_queue)
+        chunked = sched.chunked_req is not None and sched.chunked_req.rid == "long"
+        rows.clear()
+        sched.step()
+        ids: list[int] = []
+        for msg in sched.send_to_detokenizer.recv_all_nowait():
+            for rid, new_ids in zip(msg.rids, msg.new_output_ids):
+                if rid == "running":
+                    ids.extend(new_ids)
+        steps.append({"long_prefilling": long_waiting or chunked, "running_tokens": len(ids),
+                      "running_ids": ids, "rows": sum(rows)})  # fmt: skip
+        if sched.is_idle():
+            break
+    sched.step()
+    assert sched.integrity_error is None
+    sched.check_memory_integrity()
+    return steps
+
+
+def test_mixed_rows_sample_as_decode_steps_do(tiny_llama_dir, prompts):
+    """Seeded sampling with penalties, logprobs and top logprobs of a running request
+    come out the same whether its tokens ride along a chunked prefill or run in decode
+    steps of their own."""
+    params = SamplingParams(max_new_tokens=24, temperature=0.8, seed=7, ignore_eos=True,
+                            frequency_penalty=0.5, repetition_penalty=1.2)  # fmt: skip
+    params.normalize()
+    runs = []
+    for mixed in (False, True):
+        sched, ctx = make_scheduler(
+            str(tiny_llama_dir), enable_mixed_chunk=mixed, chunked_prefill_size=8
+        )
+        q = sched.recv_from_tokenizer
+        try:
+            q.send(TokenizedGenerateReqInput(
+                rid="sampled", input_text=None, input_ids=prompts[2], sampling_params=params,
+                return_logprob=True, top_logprobs_num=3, stream=True))  # fmt: skip
+            sched.step()
+            q.send(request("long", prompts[0] * 4, max_new=2))
+            runs.append(collect_logprobs(sched, "sampled"))
+        finally:
+            ctx.restore()
+    (plain_ids, plain_lps, plain_tops, _), (mixed_ids, mixed_lps, mixed_tops, rode) = runs
+    assert rode >= 4  # the mixed run's request took tokens inside prefill batches
+    assert len(plain_ids) == 24 and mixed_ids == plain_ids
+    assert [t for _, t in mixed_lps] == plain_ids
+    assert max(abs(a[0] - b[0]) for a, b in zip(mixed_lps, plain_lps)) < 1e-4
+    for top_m, top_p in zip(mixed_tops, plain_tops):
+        assert [t for _, t in top_m] == [t for _, t in top_p]
+
+
+def collect_logprobs(sched, rid: str, max_steps: int = 500):
+    """Step to idle: (rid's token ids, (logprob, id) pairs, top logprobs, the steps in
+    which it rode along a prefill batch)."""
+    ids, lps, tops, rode = [], [], [], 0
+    forward = sched.forward
+
+    def watching_forward(reqs, worker_batch):
+        nonlocal rode
+        in_prefill = worker_batch.extend_seq_lens is not None and len(reqs) > 1
+        rode += in_prefill and any(r.rid == rid for r in reqs)
+        return forward(reqs, worker_batch)
+
+    sched.forward = watching_forward
+    for _ in range(max_steps):
+        sched.step()
+        for msg in sched.send_to_detokenizer.recv_all_nowait():
+            for i, r in enumerate(msg.rids):
+                if r == rid:
+                    ids += msg.new_output_ids[i]
+                    lps += msg.output_token_logprobs[i]
+                    tops += msg.output_top_logprobs[i]
+        if sched.is_idle():
+            break
+    return ids, lps, tops, rode

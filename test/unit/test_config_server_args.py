@@ -280,6 +280,15 @@ def test_speculative_flags_checked_naming_the_field():
     assert resolution_result(sa, "speculative_num_steps") == 3  # the record keeps None
 
 
+def test_mixed_chunk_refused_where_nothing_decodes_beside_a_prefill():
+    with pytest.raises(ValueError, match="enable_mixed_chunk is not accepted with is_embedding"):
+        cpu_args(enable_mixed_chunk=True, is_embedding=True).resolve_once()
+    with pytest.raises(ValueError, match="enable_mixed_chunk .*speculative_algorithm='NGRAM'"):
+        cpu_args(enable_mixed_chunk=True, speculative_algorithm="NGRAM").resolve_once()
+    sa = cpu_args(enable_mixed_chunk=True, chunked_prefill_size=512).resolve_once()
+    assert sa.enable_mixed_chunk and resolution_result(sa, "chunked_prefill_size") == 512
+
+
 def test_env_fills_num_threads_and_log_level(monkeypatch):
     monkeypatch.setenv("SGLANG_NUM_THREADS", "3")
     monkeypatch.setenv("SGLANG_LOG_LEVEL", "debug")

@@ -24,6 +24,12 @@ class ScheduleArgs:
         None, "Max prefill tokens per chunk. Default: 2048 on cpu, 8192 on cuda; -1 disables."
     )
     max_prefill_tokens: int = arg(16384, "Max tokens in one prefill batch.")
+    enable_mixed_chunk: bool = arg(
+        False,
+        "Run the decoding requests' next tokens inside each prefill batch (one row each), "
+        "so streams keep going while a long prompt is prefilled chunk by chunk; the decode "
+        "rows take their share of chunked_prefill_size (at most half of it).",
+    )
     max_running_requests: int | None = arg(
         None, "Max requests decoding at once. Default: sized from the KV pool."
     )

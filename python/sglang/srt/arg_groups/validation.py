@@ -214,6 +214,7 @@ def validate(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
     _check_topology(c)
     _check_backends(c)
     _check_speculative(c)
+    _check_mixed_chunk(c)
     _check_detokenizer_mode(c)
     _check_fp8_kv(c)
 
@@ -235,6 +236,22 @@ def _check_fp8_kv(c: Any) -> None:
                 f"kv_cache_dtype={c.kv_cache_dtype!r} is not accepted with "
                 f"{name}={backend!r}: only torch_native reads an fp8 KV cache"
             )
+
+
+def _check_mixed_chunk(c: Any) -> None:
+    if not c.enable_mixed_chunk:
+        return
+    if c.is_embedding:
+        raise ValueError(
+            "enable_mixed_chunk is not accepted with is_embedding: it mixes decoding "
+            "requests into prefill batches, and an embedding server does not decode"
+        )
+    if c.speculative_algorithm is not None:
+        raise ValueError(
+            f"enable_mixed_chunk is not accepted with speculative_algorithm="
+            f"{c.speculative_algorithm!r}: speculative decoding verifies drafts in decode "
+            "steps of their own (as in SGLang, which turns mixing off with it)"
+        )
 
 
 def _check_detokenizer_mode(c: Any) -> None:

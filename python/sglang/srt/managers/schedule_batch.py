@@ -171,6 +171,18 @@ class PrefillBatch:
     out_cache_loc: torch.Tensor
     prefix_lens: list[int]
     forward_mode: ForwardMode = ForwardMode.EXTEND
+    # --enable-mixed-chunk: the last num_decoding reqs are running (decode-phase)
+    # requests riding along, one row each (their last output token, at kv_len); they
+    # stay in the running batch.
+    num_decoding: int = 0
+
+    @property
+    def prefill_reqs(self) -> list[Req]:
+        return self.reqs[: len(self.reqs) - self.num_decoding]
+
+    @property
+    def decoding_reqs(self) -> list[Req]:
+        return self.reqs[len(self.reqs) - self.num_decoding :]
 
     def to_worker_batch(self, sampling_info: SamplingBatchInfo) -> ModelWorkerBatch:
         reqs = self.reqs
@@ -202,6 +214,8 @@ def _extend_tokens(req: Req, prefix_len: int) -> list[int]:
     n_in = len(req.origin_input_ids)
     if end <= n_in:
         return req.origin_input_ids[prefix_len:end]
+    if prefix_len >= n_in:  # outputs only (a decoding request's row): no all_ids() copy
+        return req.output_ids[prefix_len - n_in : end - n_in]
     return req.all_ids()[prefix_len:end]
 
 

@@ -101,6 +101,7 @@ class Scheduler(
         self.policy = SchedulePolicy(sched.schedule_policy, seed=get_exec().random_seed or 0)
         self.chunked_prefill_size = sched.chunked_prefill_size
         self.max_prefill_tokens = sched.max_prefill_tokens
+        self.enable_mixed_chunk = sched.enable_mixed_chunk
         self.max_queued_requests = sched.max_queued_requests
         self.stream_interval = max(1, sched.stream_interval)
         self.new_token_ratio = NewTokenRatio(sched.schedule_conservativeness)
@@ -255,7 +256,12 @@ class Scheduler(
         return self.recv_from_tokenizer.recv_all_nowait()
 
     def get_next_batch_to_run(self) -> PrefillBatch | DecodeStep | VerifyStep | None:
-        return self.get_new_prefill_batch() or self.get_decode_batch()
+        batch = self.get_new_prefill_batch()
+        if batch is None:
+            return self.get_decode_batch()
+        if self.enable_mixed_chunk:
+            self.mix_running_into(batch)
+        return batch
 
     def get_decode_batch(self) -> DecodeStep | VerifyStep | None:
         if not len(self.running):
@@ -335,6 +341,9 @@ class Scheduler(
                 self.process_embedding_result(batch, result)
             else:
                 self.process_prefill_result(batch, result)
+            if batch.num_decoding:  # a decode step rode along
+                self.new_token_ratio.decay()
+                self._count_throughput(batch.num_decoding)
             return
         if isinstance(batch, VerifyStep):
             self.process_verify_result(batch, result)

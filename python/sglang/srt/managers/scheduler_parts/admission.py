@@ -27,6 +27,7 @@ class SchedulerAdmissionMixin:
     max_running_requests: int
     max_prefill_tokens: int
     chunked_prefill_size: int | None
+    enable_mixed_chunk: bool
     page_size: int
 
     def get_new_prefill_batch(self) -> PrefillBatch | None:
@@ -49,15 +50,25 @@ class SchedulerAdmissionMixin:
         # The chunked request (if any) is the first candidate: its reserve is
         # charged when its last chunk is granted, not here.
         reserve = self.new_token_ratio.reserve(self.running.reqs, self.page_size)
-        chunk = self.chunked_prefill_size
         return PrefillBudget(
             rem_total_tokens=self.free_kv_tokens() - reserve,
             rem_input_tokens=self.max_prefill_tokens,
-            rem_chunk_tokens=chunk if chunk is not None and chunk > 0 else None,
+            rem_chunk_tokens=self._chunk_tokens(),
             rem_running_slots=self.max_running_requests - len(self.running),
             page_size=self.page_size,
             has_running=bool(self.running.reqs),
         )
+
+    def _chunk_tokens(self) -> int | None:
+        """Prompt tokens one prefill batch may compute (None: no chunking). Mixed with the
+        running requests' decode rows, the batch keeps to the chunk size, but the prompt
+        keeps at least half of it (else a large running batch would stall prefill)."""
+        chunk = self.chunked_prefill_size
+        if chunk is None or chunk <= 0:
+            return None
+        if self.enable_mixed_chunk:
+            return max(chunk - len(self.running), chunk // 2, 1)
+        return chunk
 
     def _candidates(self) -> list[Req]:
         ordered = self.policy.order(self.waiting_queue, self._match_for_policy)
@@ -134,3 +145,24 @@ class SchedulerAdmissionMixin:
         return PrefillBatch(
             reqs=reqs, out_cache_loc=out_cache_loc.to(torch.int64), prefix_lens=prefix_lens
         )
+
+    # ------------------------------------------------------------------ mixing
+
+    def mix_running_into(self, batch: PrefillBatch) -> None:
+        """Append every running request to `batch` as one row at its kv_len (its last
+        output token), so decoding goes on while prompts are prefilled. Left out when
+        the pool cannot give each a slot now: the next decode step retracts first."""
+        running = self.running
+        if not len(running) or not self.decode_fits():
+            return
+        kv_lens, pool_indices = running.kv_lens(), running.req_pool_indices()
+        out_cache_loc = self.alloc_decode(kv_lens, pool_indices)
+        if out_cache_loc is None:
+            return
+        self.req_to_token_pool.write((pool_indices, kv_lens), out_cache_loc)
+        for req in running.reqs:
+            req.extend_len = 1
+        batch.reqs = batch.reqs + running.reqs
+        batch.prefix_lens = batch.prefix_lens + kv_lens.tolist()
+        batch.out_cache_loc = torch.cat([batch.out_cache_loc, out_cache_loc.to(torch.int64)])
+        batch.num_decoding = len(running)

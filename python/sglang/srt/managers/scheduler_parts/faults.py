@@ -99,6 +99,8 @@ class SchedulerFaultsMixin:
 
     def _isolate_prefill(self, batch: PrefillBatch) -> None:
         good: list[tuple[Req, torch.Tensor, int, GenerationBatchResult]] = []
+        decoding = {id(r) for r in batch.decoding_reqs}  # mixed in: they sit in running
+        failed_decoding: list[Req] = []
         offset = 0
         for req, prefix_len in zip(batch.reqs, batch.prefix_lens):
             loc = batch.out_cache_loc[offset : offset + req.extend_len]
@@ -111,13 +113,17 @@ class SchedulerFaultsMixin:
                 if is_fatal(exc):
                     raise
                 self.abort_on_error(req, exc, computed_end=req.kv_len + req.extend_len)
+                if id(req) in decoding:
+                    failed_decoding.append(req)
                 continue
             good.append((req, loc, prefix_len, result))
+        self.running.remove(failed_decoding)
         if good:
             merged = PrefillBatch(
                 reqs=[g[0] for g in good],
                 out_cache_loc=torch.cat([g[1] for g in good]),
                 prefix_lens=[g[2] for g in good],
+                num_decoding=sum(id(g[0]) in decoding for g in good),
             )
             self.process_batch_result(merged, merge_results([g[3] for g in good]))
 

@@ -37,8 +37,11 @@ class SchedulerResultsMixin:
     # ------------------------------------------------------------------ prefill
 
     def process_prefill_result(self, batch: PrefillBatch, result: GenerationBatchResult) -> None:
+        prefill_reqs = batch.prefill_reqs
+        if batch.num_decoding:
+            self._process_mixed_decode(batch.decoding_reqs, result, len(prefill_reqs))
         joined: list[Req] = []
-        for i, req in enumerate(batch.reqs):
+        for i, req in enumerate(prefill_reqs):
             req.kv_len += req.extend_len
             self._record_input_logprobs(req, result, i)
             if req.is_chunked:
@@ -68,6 +71,19 @@ class SchedulerResultsMixin:
         for i, req in enumerate(self.running.reqs):
             self._append_token(req, result, i)
             req.spec_verify_ct += self.drafter is not None  # a round without drafts
+            self.settle(req, done)
+        self.running.remove(done)
+
+    def _process_mixed_decode(
+        self, reqs: list[Req], result: GenerationBatchResult, first_row: int
+    ) -> None:
+        """The running requests that rode along a prefill batch (rows first_row...): a
+        decode step's result, their KV advanced by the extend instead of advance()."""
+        self.running.lens_changed()
+        done: list[Req] = []
+        for j, req in enumerate(reqs):
+            req.kv_len += 1
+            self._append_token(req, result, first_row + j)
             self.settle(req, done)
         self.running.remove(done)
 
