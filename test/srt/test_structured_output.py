@@ -105,6 +105,11 @@ def server(tiny_llama_dir, tmp_path_factory):
         "--constrained-json-disable-any-whitespace",
         "--random-seed",
         "0",
+        # decoding rows ride along the prefill batches of requests that arrive while
+        # others decode: the grammar masks and outputs below hold for mixed batches too
+        "--enable-mixed-chunk",
+        "--chunked-prefill-size",
+        "16",
     )
     yield srv
     srv.stop()
