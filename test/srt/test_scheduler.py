@@ -307,3 +307,105 @@ def collect_logprobs(sched, rid: str, max_steps: int = 500):
         if sched.is_idle():
             break
     return ids, lps, tops, rode
+
+
+def open_request(rid: str, ids: list[int], max_new: int, input_logprobs: bool = False):
+    """Greedy, ending at EOS or max_new (its output length is open: admission guesses);
+    with input_logprobs, every prompt position's logprob is asked for."""
+    params = SamplingParams(max_new_tokens=max_new, temperature=0.0)
+    params.normalize()
+    return TokenizedGenerateReqInput(
+        rid=rid, input_text=None, input_ids=ids, sampling_params=params,
+        return_logprob=input_logprobs, logprob_start_len=0 if input_logprobs else -1,
+    )  # fmt: skip
+
+
+def run_collecting(sched, max_steps: int = 3000) -> dict[str, dict]:
+    """Step to idle (integrity checked); rid -> its output ids, input logprobs, finish."""
+    got: dict[str, dict] = {}
+    for _ in range(max_steps):
+        sched.step()
+        for msg in sched.send_to_detokenizer.recv_all_nowait():
+            for i, rid in enumerate(msg.rids):
+                entry = got.setdefault(rid, {"ids": [], "input": [], "finish": None})
+                entry["ids"] += msg.new_output_ids[i]
+                entry["finish"] = msg.finished_reasons[i] or entry["finish"]
+                if msg.input_token_logprobs is not None:
+                    entry["input"] += msg.input_token_logprobs[i]
+        if sched.is_idle():
+            break
+    sched.step()
+    assert sched.integrity_error is None
+    sched.check_memory_integrity()
+    return got
+
+
+def assert_same_input_logprobs(got: list, expected: list) -> None:
+    assert [t for _, t in got] == [t for _, t in expected]
+    assert got[0][0] is None and all(v is not None for v, _ in got[1:]), got
+    assert max(abs(a - b) for (a, _), (b, _) in zip(got[1:], expected[1:])) < 1e-4
+
+
+def test_input_logprobs_across_chunks_of_a_cached_prompt(tiny_llama_dir, prompts):
+    """A prompt served once without logprobs sits in the prefix cache; asked again with
+    every input logprob and prefilled in chunks, its chunks' KV is swapped for the
+    cache's copy: the logprob at each chunk's first position is still there, the same
+    as without chunking."""
+    long_prompt = prompts[0] * 3
+    expected = None
+    for fields in ({}, {"chunked_prefill_size": 8}):
+        sched, ctx = make_scheduler(str(tiny_llama_dir), **fields)
+        try:
+            sched.recv_from_tokenizer.send(open_request("plain", long_prompt, 2))
+            run_collecting(sched)
+            sched.recv_from_tokenizer.send(open_request("scored", long_prompt, 2, True))
+            got = run_collecting(sched)["scored"]["input"]
+        finally:
+            ctx.restore()
+        assert len(got) == len(long_prompt)
+        expected = expected or got
+        assert_same_input_logprobs(got, expected)
+
+
+@pytest.mark.parametrize(
+    "fields, max_new",
+    [({"max_total_tokens": 128, "chunked_prefill_size": 8}, 80),
+     ({"max_total_tokens": 160, "chunked_prefill_size": 16, "page_size": 4}, 100),
+     ({"max_total_tokens": 160, "chunked_prefill_size": 16, "enable_mixed_chunk": True}, 100)],
+    ids=["pool128-chunk8", "pool160-page4-chunk16", "pool160-mixed-chunk16"],
+)  # fmt: skip
+def test_a_prompt_prefilled_in_part_yields_its_kv_to_running_requests(
+    tiny_llama_dir, prompts, fields, max_new
+):
+    """Each request fits the pool alone, but a prompt's first chunks hold the slots a
+    running request needs next: the prompt goes back to the queue (its chunks left to the
+    prefix cache), nobody is aborted, and every request gets its own greedy tokens. Every
+    other request asks for its input logprobs: the retracted prompt's are made again,
+    once each, the same as alone."""
+
+    def send_all(sched) -> None:
+        for i, p in enumerate(prompts):
+            sched.recv_from_tokenizer.send(open_request(str(i), p, max_new, i % 2 == 1))
+
+    alone, ctx = make_scheduler(str(tiny_llama_dir))
+    try:
+        send_all(alone)
+        expected = run_collecting(alone)
+    finally:
+        ctx.restore()
+    sched, ctx = make_scheduler(str(tiny_llama_dir), **fields)
+    retracted_chunked = []
+    retract = sched._retract_chunked
+    sched._retract_chunked = lambda: retracted_chunked.append(retract()) or retracted_chunked[-1]
+    try:
+        send_all(sched)
+        got = run_collecting(sched)
+    finally:
+        ctx.restore()
+    assert retracted_chunked  # the scenario this test is about happened
+    for i in range(len(prompts)):
+        out, ref = got[str(i)], expected[str(i)]
+        assert out["finish"]["type"] != "abort", out["finish"]
+        assert out["ids"] == ref["ids"], i
+        if i % 2:
+            assert_same_input_logprobs(out["input"], ref["input"])

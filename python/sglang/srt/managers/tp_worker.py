@@ -137,6 +137,14 @@ class TpModelWorker:
         forward_batch = ForwardBatch.init_new(batch, self.model_runner)
         return self.model_runner.forward(forward_batch)
 
+    def move_logprob_carry(self, old_slot: int, new_slot: int) -> None:
+        """A chunk's last token now reads its KV from `new_slot` (the prefix cache kept its
+        own copy of the same tokens and freed `old_slot`): its carried logprob row, if
+        any, follows, so the next chunk's first input logprob is found."""
+        carry = self.model_runner.logprob_carry
+        if old_slot in carry:
+            carry[new_slot] = carry.pop(old_slot)
+
     def update_weights_from_disk(
         self, model_path: str, load_format: str | None = None
     ) -> tuple[bool, str]:

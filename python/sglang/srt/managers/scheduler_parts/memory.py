@@ -24,6 +24,7 @@ class SchedulerMemoryMixin:
     page_size: int
     running: RunningBatch
     waiting_queue: list[Req]
+    chunked_req: Req | None
     new_token_ratio: NewTokenRatio
     max_total_num_tokens: int
 
@@ -94,8 +95,12 @@ class SchedulerMemoryMixin:
         req.last_node = None
 
     def retract_for_decode(self) -> list[Req]:
-        """Move running requests back to the waiting queue until decode fits."""
+        """Move requests back to the waiting queue until decode fits: first a prompt
+        prefilled in part (its chunks' KV, locked until now, becomes evictable), then
+        running requests."""
         retracted: list[Req] = []
+        if self.chunked_req is not None and not self.decode_fits():
+            retracted.append(self._retract_chunked())
         while not self.decode_fits() and len(self.running) > 1:
             need = decode_need(self.running.reqs, self.page_size)
             victims = pick_retractions(
@@ -113,6 +118,20 @@ class SchedulerMemoryMixin:
             self.num_retracted_reqs += len(retracted)
             logger.info("retracted %d request(s): KV pool short", len(retracted))
         return retracted
+
+    def _retract_chunked(self) -> Req:
+        """The partly prefilled request leaves its chunks to the prefix cache (it may
+        match them again when readmitted) and waits. Input logprobs it was still making
+        are made again from the start (a request retracted before, prefilling its prompt
+        and outputs again, keeps the ones it made the first time)."""
+        req, self.chunked_req = self.chunked_req, None
+        if req.wants_input_logprobs():
+            req.logprobs.input_token_logprobs.clear()
+            req.logprobs.input_top_logprobs.clear()
+        self.release_req(req)
+        req.is_chunked = False
+        req.extend_len = 0
+        return req
 
     # ---------------------------------------------------------------- integrity
 

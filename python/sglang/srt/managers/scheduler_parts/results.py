@@ -33,6 +33,8 @@ class SchedulerResultsMixin:
     stream_interval: int
     send_to_detokenizer: Any
     pending_outputs: list[Req]
+    req_to_token_pool: Any
+    tp_worker: Any
 
     # ------------------------------------------------------------------ prefill
 
@@ -45,7 +47,7 @@ class SchedulerResultsMixin:
             req.kv_len += req.extend_len
             self._record_input_logprobs(req, result, i)
             if req.is_chunked:
-                self.tree_cache.cache_unfinished_req(req, req.all_ids()[: req.kv_len])
+                self._cache_chunk(req)
                 self.chunked_req = req
                 continue
             if req.finished:  # aborted while its prefill ran
@@ -62,6 +64,18 @@ class SchedulerResultsMixin:
                 joined.append(req)
                 self._maybe_stream(req)
         self.running.add(joined)
+
+    def _cache_chunk(self, req: Req) -> None:
+        """Lock a chunked prompt's KV so far in the prefix cache. Where the cache already
+        held the same tokens it keeps its slots and the request's row is remapped to
+        them; the worker's carried logprob row (keyed by the chunk's last slot) moves
+        along, else the next chunk's first input logprob would be lost."""
+        last = req.kv_len - 1
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        slot_before = int(row[last]) if req.wants_input_logprobs() else None
+        self.tree_cache.cache_unfinished_req(req, req.all_ids()[: req.kv_len])
+        if slot_before is not None and int(row[last]) != slot_before:
+            self.tp_worker.move_logprob_carry(slot_before, int(row[last]))
 
     # ------------------------------------------------------------------ decode
 
