@@ -1,9 +1,10 @@
 """Random workloads through the in-process Scheduler, against the same requests run
 with a large pool and no chunking.
 
-Each seed draws requests (some sharing a prefix, some asking input logprobs from a
-random position, top logprobs, EOS or not), a configuration (pool size, chunk size,
-page size, mixed chunks, policy), arrival steps and client aborts. Every request that
+Each seed draws greedy requests (some sharing a prefix, some asking input logprobs from
+a random position, top logprobs, EOS or not, stop token ids, min_new_tokens, frequency
+and repetition penalties, streaming), a configuration (pool size, chunk size, page size,
+mixed chunks, policy, stream interval), arrival steps and client aborts. Every request that
 is not aborted by its client and fits the pool alone must get the reference's tokens
 and logprobs; the pool must be intact when idle.
 """
@@ -37,6 +38,9 @@ def draw_requests(rng: random.Random) -> list[dict]:
             "rid": str(i), "ids": ids, "max_new": rng.randrange(1, 60),
             "logprob_start": rng.choice([None, None, 0, rng.randrange(0, len(ids))]),
             "top": rng.choice([0, 0, 2]), "ignore_eos": rng.random() < 0.5,
+            "stop_ids": rng.sample(range(16, 8000), 3) if rng.random() < 0.3 else None,
+            "min_new": rng.choice([0, 0, 3]), "frequency_penalty": rng.choice([0.0, 0.5]),
+            "repetition_penalty": rng.choice([1.0, 1.3]), "stream": rng.random() < 0.5,
         })  # fmt: skip
     return reqs
 
@@ -48,20 +52,24 @@ def draw_fields(rng: random.Random) -> dict:
         "chunked_prefill_size": rng.choice([page_size, 8, 16, -1, 2048]),
         "page_size": page_size,
         "enable_mixed_chunk": rng.random() < 0.5,
-        "schedule_policy": rng.choice(["fcfs", "lpm"]),
+        "schedule_policy": rng.choice(["fcfs", "lpm", "dfs-weight"]),
+        "stream_interval": rng.choice([1, 3]),
     }
 
 
 def tokenized(req: dict) -> TokenizedGenerateReqInput:
     params = SamplingParams(
-        max_new_tokens=req["max_new"], temperature=0.0, ignore_eos=req["ignore_eos"]
-    )
+        max_new_tokens=req["max_new"], temperature=0.0, ignore_eos=req["ignore_eos"],
+        stop_token_ids=req["stop_ids"], min_new_tokens=min(req["min_new"], req["max_new"]),
+        frequency_penalty=req["frequency_penalty"],
+        repetition_penalty=req["repetition_penalty"],
+    )  # fmt: skip
     params.normalize()
     start = req["logprob_start"]
     return TokenizedGenerateReqInput(
         rid=req["rid"], input_text=None, input_ids=req["ids"], sampling_params=params,
         return_logprob=start is not None, logprob_start_len=-1 if start is None else start,
-        top_logprobs_num=req["top"],
+        top_logprobs_num=req["top"], stream=req["stream"],
     )  # fmt: skip
 
 
