@@ -161,6 +161,19 @@ constexpr int gemv_streams() {
 // the larger ones (Qwen3-0.6B's, K >= 1024) were measured faster.
 constexpr int64_t kGemvFourStreamMinPairs = 512;
 
+// sums (lo, hi) of rows [0, R) += x rows [0, R) (as words) . the panel's pair q.
+template <int R>
+inline void add_pair(const uint32_t* xw, const uint32_t* panel, int64_t q, __m512* lo,
+                     __m512* hi, const Bf16Call& c) {
+  const __m512bh w_lo = (__m512bh)_mm512_loadu_si512(panel + q * kPanel);
+  const __m512bh w_hi = (__m512bh)_mm512_loadu_si512(panel + q * kPanel + kVecWidth);
+  for (int r = 0; r < R; ++r) {
+    const __m512bh xv = (__m512bh)_mm512_set1_epi32(int32_t(xw[r * c.pairs + q]));
+    lo[r] = _mm512_dpbf16_ps(lo[r], xv, w_lo);
+    hi[r] = _mm512_dpbf16_ps(hi[r], xv, w_hi);
+  }
+}
+
 // out rows [0, R) x columns [n0, n0 + cols) <- the R rows of x (as words) over one
 // load-time panel, read as S streams.
 template <int R, int S>
@@ -177,25 +190,10 @@ void panel_gemv(const uint32_t* xw, const uint32_t* panel, c10::BFloat16* out, i
       _mm_prefetch(reinterpret_cast<const char*>(w), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(w + kVecWidth), _MM_HINT_T0);
     }
-    for (int s = 0; s < S; ++s) {
-      const int64_t q = s * part + p;
-      const __m512bh w_lo = (__m512bh)_mm512_loadu_si512(panel + q * kPanel);
-      const __m512bh w_hi = (__m512bh)_mm512_loadu_si512(panel + q * kPanel + kVecWidth);
-      for (int r = 0; r < R; ++r) {
-        const __m512bh xv = (__m512bh)_mm512_set1_epi32(int32_t(xw[r * c.pairs + q]));
-        lo[s][r] = _mm512_dpbf16_ps(lo[s][r], xv, w_lo);
-        hi[s][r] = _mm512_dpbf16_ps(hi[s][r], xv, w_hi);
-      }
-    }
+    for (int s = 0; s < S; ++s) add_pair<R>(xw, panel, s * part + p, lo[s], hi[s], c);
   }
   for (int64_t q = S * part; q < c.pairs; ++q) {  // the parts' rest
-    const __m512bh w_lo = (__m512bh)_mm512_loadu_si512(panel + q * kPanel);
-    const __m512bh w_hi = (__m512bh)_mm512_loadu_si512(panel + q * kPanel + kVecWidth);
-    for (int r = 0; r < R; ++r) {
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(int32_t(xw[r * c.pairs + q]));
-      lo[S - 1][r] = _mm512_dpbf16_ps(lo[S - 1][r], xv, w_lo);
-      hi[S - 1][r] = _mm512_dpbf16_ps(hi[S - 1][r], xv, w_hi);
-    }
+    add_pair<R>(xw, panel, q, lo[S - 1], hi[S - 1], c);
   }
   const __m512 b_lo = load_bias(c.bias, n0, cols);
   const __m512 b_hi = load_bias(c.bias, n0 + kVecWidth, cols - kVecWidth);
