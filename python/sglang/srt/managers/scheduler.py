@@ -276,13 +276,11 @@ class Scheduler(
 
     def plain_decode_step(self) -> DecodeStep | None:
         """One slot per running request at its kv_len (None: the batch cannot fit)."""
-        kv_lens, pool_indices = self.running.kv_lens(), self.running.req_pool_indices()
-        out_cache_loc = self.alloc_decode(kv_lens, pool_indices)
+        out_cache_loc = self.alloc_running_slots()
         if out_cache_loc is None:
             self._abort_unfittable()
             return None
-        self.req_to_token_pool.write((pool_indices, kv_lens), out_cache_loc)
-        return DecodeStep(out_cache_loc.to(torch.int64))
+        return DecodeStep(out_cache_loc)
 
     def _abort_unfittable(self) -> None:
         """A single request that outgrew the whole pool: it cannot make progress."""

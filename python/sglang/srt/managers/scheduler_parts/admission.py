@@ -155,14 +155,12 @@ class SchedulerAdmissionMixin:
         running = self.running
         if not len(running) or not self.decode_fits():
             return
-        kv_lens, pool_indices = running.kv_lens(), running.req_pool_indices()
-        out_cache_loc = self.alloc_decode(kv_lens, pool_indices)
+        out_cache_loc = self.alloc_running_slots()
         if out_cache_loc is None:
             return
-        self.req_to_token_pool.write((pool_indices, kv_lens), out_cache_loc)
         for req in running.reqs:
             req.extend_len = 1
         batch.reqs = batch.reqs + running.reqs
-        batch.prefix_lens = batch.prefix_lens + kv_lens.tolist()
-        batch.out_cache_loc = torch.cat([batch.out_cache_loc, out_cache_loc.to(torch.int64)])
+        batch.prefix_lens = batch.prefix_lens + [req.kv_len for req in running.reqs]
+        batch.out_cache_loc = torch.cat([batch.out_cache_loc, out_cache_loc])
         batch.num_decoding = len(running)

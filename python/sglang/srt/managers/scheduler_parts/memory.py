@@ -69,6 +69,16 @@ class SchedulerMemoryMixin:
         last_locs = self._last_locs(req_pool_indices.tolist(), kv_lens.tolist())
         return self.allocator.alloc_decode(seq_lens, last_locs)
 
+    def alloc_running_slots(self) -> torch.Tensor | None:
+        """int64: one slot per running request, for position kv_len, written into its row
+        (None: the pool cannot give them now)."""
+        kv_lens, pool_indices = self.running.kv_lens(), self.running.req_pool_indices()
+        out_cache_loc = self.alloc_decode(kv_lens, pool_indices)
+        if out_cache_loc is None:
+            return None
+        self.req_to_token_pool.write((pool_indices, kv_lens), out_cache_loc)
+        return out_cache_loc.to(torch.int64)
+
     def _last_locs(self, req_pool_indices: list[int], prefix_lens: list[int]) -> list[int]:
         table = self.req_to_token_pool.req_to_token
         return [

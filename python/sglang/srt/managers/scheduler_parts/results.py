@@ -40,8 +40,9 @@ class SchedulerResultsMixin:
 
     def process_prefill_result(self, batch: PrefillBatch, result: GenerationBatchResult) -> None:
         prefill_reqs = batch.prefill_reqs
-        if batch.num_decoding:
-            self._process_mixed_decode(batch.decoding_reqs, result, len(prefill_reqs))
+        if batch.num_decoding:  # the rows after the prompts': the running batch, a step
+            assert batch.decoding_reqs == self.running.reqs, "mixed rows out of step"
+            self.process_decode_result(result, first_row=len(prefill_reqs))
         joined: list[Req] = []
         for i, req in enumerate(prefill_reqs):
             req.kv_len += req.extend_len
@@ -79,25 +80,14 @@ class SchedulerResultsMixin:
 
     # ------------------------------------------------------------------ decode
 
-    def process_decode_result(self, result: GenerationBatchResult) -> None:
+    def process_decode_result(self, result: GenerationBatchResult, first_row: int = 0) -> None:
+        """The running batch's step: its requests' tokens are rows first_row... of `result`
+        (after a prefill batch's prompts, when mixed in)."""
         self.running.advance()
         done: list[Req] = []
         for i, req in enumerate(self.running.reqs):
-            self._append_token(req, result, i)
+            self._append_token(req, result, first_row + i)
             req.spec_verify_ct += self.drafter is not None  # a round without drafts
-            self.settle(req, done)
-        self.running.remove(done)
-
-    def _process_mixed_decode(
-        self, reqs: list[Req], result: GenerationBatchResult, first_row: int
-    ) -> None:
-        """The running requests that rode along a prefill batch (rows first_row...): a
-        decode step's result, their KV advanced by the extend instead of advance()."""
-        self.running.lens_changed()
-        done: list[Req] = []
-        for j, req in enumerate(reqs):
-            req.kv_len += 1
-            self._append_token(req, result, first_row + j)
             self.settle(req, done)
         self.running.remove(done)
 
