@@ -57,9 +57,40 @@ def run_until_idle(sched, max_steps: int = 500) -> dict[str, list]:
                 got.setdefault(rid, []).append((ids, fin))
         if sched.is_idle():
             break
+    assert_idle_and_intact(sched)
+    return got
+
+
+def assert_idle_and_intact(sched) -> None:
     sched.step()  # an idle step runs the integrity check
     assert sched.integrity_error is None
     sched.check_memory_integrity()
+
+
+def drain_outputs(sched, got: dict[str, dict]) -> None:
+    """Add the scheduler's outputs so far to `got`: rid -> its output ids, input and
+    output logprobs, output top logprobs, finish reason."""
+    for msg in sched.send_to_detokenizer.recv_all_nowait():
+        for i, rid in enumerate(msg.rids):
+            out = got.setdefault(rid, {"ids": [], "input": [], "output": [], "tops": [],
+                                       "finish": None})  # fmt: skip
+            out["ids"] += msg.new_output_ids[i]
+            out["finish"] = msg.finished_reasons[i] or out["finish"]
+            if msg.input_token_logprobs is not None:
+                out["input"] += msg.input_token_logprobs[i]
+                out["output"] += msg.output_token_logprobs[i]
+                out["tops"] += msg.output_top_logprobs[i]
+
+
+def run_collecting(sched, max_steps: int = 3000) -> dict[str, dict]:
+    """Step to idle (integrity checked); rid -> its outputs (drain_outputs)."""
+    got: dict[str, dict] = {}
+    for _ in range(max_steps):
+        sched.step()
+        drain_outputs(sched, got)
+        if sched.is_idle():
+            break
+    assert_idle_and_intact(sched)
     return got
 
 
@@ -246,9 +277,7 @@ def run_until_idle_with_steps(sched, max_steps: int = 500) -> list[dict]:
                       "running_ids": ids, "rows": sum(rows)})  # fmt: skip
         if sched.is_idle():
             break
-    sched.step()
-    assert sched.integrity_error is None
-    sched.check_memory_integrity()
+    assert_idle_and_intact(sched)
     return steps
 
 
@@ -271,42 +300,33 @@ def test_mixed_rows_sample_as_decode_steps_do(tiny_llama_dir, prompts):
                 return_logprob=True, top_logprobs_num=3, stream=True))  # fmt: skip
             sched.step()
             q.send(request("long", prompts[0] * 4, max_new=2))
-            runs.append(collect_logprobs(sched, "sampled"))
+            rode = count_prefill_rides(sched, "sampled")
+            got = run_collecting(sched)
+            runs.append((got["sampled"], rode[0]))
         finally:
             ctx.restore()
-    (plain_ids, plain_lps, plain_tops, _), (mixed_ids, mixed_lps, mixed_tops, rode) = runs
+    (plain, _), (mixed, rode) = runs
     assert rode >= 4  # the mixed run's request took tokens inside prefill batches
-    assert len(plain_ids) == 24 and mixed_ids == plain_ids
-    assert [t for _, t in mixed_lps] == plain_ids
-    assert max(abs(a[0] - b[0]) for a, b in zip(mixed_lps, plain_lps)) < 1e-4
-    for top_m, top_p in zip(mixed_tops, plain_tops):
+    assert len(plain["ids"]) == 24 and mixed["ids"] == plain["ids"]
+    assert [t for _, t in mixed["output"]] == plain["ids"]
+    assert max(abs(a[0] - b[0]) for a, b in zip(mixed["output"], plain["output"])) < 1e-4
+    for top_m, top_p in zip(mixed["tops"], plain["tops"]):
         assert [t for _, t in top_m] == [t for _, t in top_p]
 
 
-def collect_logprobs(sched, rid: str, max_steps: int = 500):
-    """Step to idle: (rid's token ids, (logprob, id) pairs, top logprobs, the steps in
-    which it rode along a prefill batch)."""
-    ids, lps, tops, rode = [], [], [], 0
+def count_prefill_rides(sched, rid: str) -> list[int]:
+    """A counter ([n]) of the forwards from now on in which `rid` rides along a prefill
+    batch of several requests."""
+    rides = [0]
     forward = sched.forward
 
     def watching_forward(reqs, worker_batch):
-        nonlocal rode
         in_prefill = worker_batch.extend_seq_lens is not None and len(reqs) > 1
-        rode += in_prefill and any(r.rid == rid for r in reqs)
+        rides[0] += in_prefill and any(r.rid == rid for r in reqs)
         return forward(reqs, worker_batch)
 
     sched.forward = watching_forward
-    for _ in range(max_steps):
-        sched.step()
-        for msg in sched.send_to_detokenizer.recv_all_nowait():
-            for i, r in enumerate(msg.rids):
-                if r == rid:
-                    ids += msg.new_output_ids[i]
-                    lps += msg.output_token_logprobs[i]
-                    tops += msg.output_top_logprobs[i]
-        if sched.is_idle():
-            break
-    return ids, lps, tops, rode
+    return rides
 
 
 def open_request(rid: str, ids: list[int], max_new: int, input_logprobs: bool = False):
@@ -318,26 +338,6 @@ def open_request(rid: str, ids: list[int], max_new: int, input_logprobs: bool = 
         rid=rid, input_text=None, input_ids=ids, sampling_params=params,
         return_logprob=input_logprobs, logprob_start_len=0 if input_logprobs else -1,
     )  # fmt: skip
-
-
-def run_collecting(sched, max_steps: int = 3000) -> dict[str, dict]:
-    """Step to idle (integrity checked); rid -> its output ids, input logprobs, finish."""
-    got: dict[str, dict] = {}
-    for _ in range(max_steps):
-        sched.step()
-        for msg in sched.send_to_detokenizer.recv_all_nowait():
-            for i, rid in enumerate(msg.rids):
-                entry = got.setdefault(rid, {"ids": [], "input": [], "finish": None})
-                entry["ids"] += msg.new_output_ids[i]
-                entry["finish"] = msg.finished_reasons[i] or entry["finish"]
-                if msg.input_token_logprobs is not None:
-                    entry["input"] += msg.input_token_logprobs[i]
-        if sched.is_idle():
-            break
-    sched.step()
-    assert sched.integrity_error is None
-    sched.check_memory_integrity()
-    return got
 
 
 def assert_same_input_logprobs(got: list, expected: list) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_scheduler import make_scheduler
+from test_scheduler import assert_idle_and_intact, drain_outputs, make_scheduler
 
 from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -86,27 +86,14 @@ def run(model_dir: str, fields: dict, reqs: list[dict], arrivals: dict, aborts: 
                 if abort_step == step:
                     sched.recv_from_tokenizer.send(AbortReq(rid))
             sched.step()
-            collect(sched, got)
+            drain_outputs(sched, got)
             if step > max(arrivals.values()) and sched.is_idle():
                 break
-        sched.step()  # an idle step runs the integrity check
-        assert sched.integrity_error is None
-        sched.check_memory_integrity()
+        assert_idle_and_intact(sched)
     finally:
         ctx.restore()
     assert len(got) == len(reqs)
     return got
-
-
-def collect(sched, got: dict) -> None:
-    for msg in sched.send_to_detokenizer.recv_all_nowait():
-        for i, rid in enumerate(msg.rids):
-            out = got.setdefault(rid, {"ids": [], "input": [], "output": [], "finish": None})
-            out["ids"] += msg.new_output_ids[i]
-            out["finish"] = msg.finished_reasons[i] or out["finish"]
-            if msg.input_token_logprobs is not None:
-                out["input"] += msg.input_token_logprobs[i]
-                out["output"] += msg.output_token_logprobs[i]
 
 
 def assert_close_logprobs(got: list, expected: list, what: str) -> None:
