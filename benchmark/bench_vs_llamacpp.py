@@ -19,7 +19,8 @@ run's 99th percentile time to first token). `--check-greedy`
 first compares both servers' greedy tokens on a few prompts. On a machine shared with
 other work, 2-thread servers can stall; `--ours-args="--num-threads 1" --llama-threads 1`
 runs both at one thread. A request llama-server drops unanswered on a kept-alive
-connection is sent once more (counted in the log and the JSON as resent_requests).
+connection it had closed is sent again by bench_serving (counted in the log and the
+JSON as resends).
 
 Cache (`--cache-dir`, default ~/.cache/sglang-bench), reused by later runs:
   llama.cpp/                 vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist
@@ -310,21 +311,6 @@ def bench_args(base_url: str, concurrency: int) -> argparse.Namespace:
     return args
 
 
-_send_request = bench_serving.send_request
-_resent_requests = [0]  # how many requests were sent again (logged per run)
-
-
-async def send_request_resending(client: Any, args: argparse.Namespace, req: Any) -> Any:
-    """bench_serving.send_request, sent once more when the server closed a kept-alive
-    connection before answering (llama-server's cpp-httplib does; httpx does not retry a POST).
-    The lost attempt is not timed: the server never saw the request."""
-    result = await _send_request(client, args, req)
-    if not result.success and "without sending a response" in result.error:
-        _resent_requests[0] += 1
-        result = await _send_request(client, args, req)
-    return result
-
-
 def run_load(base_url: str, prompts: list[list[int]], output_len: int, concurrency: int) -> dict:
     """bench_serving's openai backend; a list of ints as `prompt` goes out as token ids."""
     args = bench_args(base_url, concurrency)
@@ -332,12 +318,8 @@ def run_load(base_url: str, prompts: list[list[int]], output_len: int, concurren
         bench_serving.BenchRequest(prompt=ids, prompt_len=len(ids), output_len=output_len)
         for ids in prompts
     ]
-    bench_serving.send_request = send_request_resending  # run_benchmark calls it by name
-    _resent_requests[0] = 0
     results, duration_s = asyncio.run(bench_serving.run_benchmark(args, requests))
-    summary = bench_serving.summarize(results, duration_s)
-    summary["resent_requests"] = _resent_requests[0]
-    return summary
+    return bench_serving.summarize(results, duration_s)
 
 
 def check_summary(name: str, summary: dict, num_prompts: int, output_len: int) -> None:
@@ -383,8 +365,8 @@ def one_run(name: str, concurrency: int, prompts: list[list[int]], ctx: BenchCon
         run_load(base_url, warmup, args.output_len, 1)
         summary = run_load(base_url, prompts, args.output_len, concurrency)
         summary["rss_mib"] = rss_tree_mib(pid)
-    if summary["resent_requests"]:
-        logger.info("%s: %d requests sent again", name, summary["resent_requests"])
+    if summary["resends"]:
+        logger.info("%s: %d requests sent again", name, summary["resends"])
     check_summary(name, summary, len(prompts), args.output_len)
     return summary
 

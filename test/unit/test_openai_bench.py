@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -55,3 +56,86 @@ def test_bench_serving_runs(base_url, backend, tmp_path, capsys):
     for name in ("Mean TTFT (ms)", "P99 ITL (ms)", "Median TPOT (ms)", "Mean E2E Latency (ms)",
                  "Output token throughput"):  # fmt: skip
         assert name in report
+
+
+class _ChunkedBody:
+    """An aiohttp StreamReader's iter_any() as the network may split a body: arbitrary cuts."""
+
+    def __init__(self, body: bytes, cuts: list[int]) -> None:
+        self.pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)])]
+
+    async def iter_any(self):
+        for piece in self.pieces:
+            yield piece
+
+
+def _events(body: bytes, cuts: list[int]) -> list[bytes]:
+    async def collect():
+        return [e async for e in bench_serving.sse_data(_ChunkedBody(body, cuts))]
+
+    return asyncio.run(collect())
+
+
+def test_sse_events_survive_any_split_of_the_body():
+    big = b'{"text": "' + b"x" * (1 << 20) + b'"}'  # one event past aiohttp's line limit
+    body = b'data: {"a": 1}\n\n: keep-alive\r\nevent: ping\ndata: ' + big + b"\r\n\r\ndata: [DONE]"
+    want = [b'{"a": 1}', big, b"[DONE]"]  # the last line needs no newline
+    assert _events(body, []) == want
+    for cut in range(1, 40):  # every cut through the first events and the big one's head
+        assert _events(body, [cut]) == want, cut
+    assert _events(body, list(range(1, len(body), 4093))) == want
+
+
+class _DroppingServer:
+    """An OpenAI-style streaming server that closes the connection of its first `drop`
+    requests without answering (as a server that closed a kept-alive connection does)."""
+
+    EVENTS = [{"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}]},
+              {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}]  # fmt: skip
+
+    def __init__(self, drop: int) -> None:
+        self.drop, self.seen = drop, 0
+        self.loop = asyncio.new_event_loop()
+        self.server = self.loop.run_until_complete(
+            asyncio.start_server(self.handle, "127.0.0.1", 0)
+        )
+        self.port = self.server.sockets[0].getsockname()[1]
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+    async def handle(self, reader, writer) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))  # fmt: skip
+        await reader.readexactly(length)
+        self.seen += 1
+        if self.seen <= self.drop:
+            writer.close()
+            return
+        body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in self.EVENTS)
+        body += b"data: [DONE]\n\n"
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+        await writer.drain()
+        writer.close()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.mark.parametrize("drop, failed, resends", [(1, 0, 1), (3, 1, 2)])
+def test_a_request_lost_with_its_connection_is_sent_again(drop, failed, resends, tmp_path):
+    """Lost before any answer: sent again, up to the pool's size + 1 tries (2 at
+    concurrency 1), then reported as failed; an answered request is never sent twice."""
+    server = _DroppingServer(drop)
+    out_file = tmp_path / "bench.jsonl"
+    argv = ["--base-url", f"http://127.0.0.1:{server.port}", "--backend", "openai",
+            "--model", "m", "--num-prompts", "3", "--random-input-len", "3",
+            "--random-output-len", "2", "--max-concurrency", "1", "--output-file", str(out_file)]  # fmt: skip
+    try:
+        bench_serving.main(argv)
+    finally:
+        server.stop()
+    summary = json.loads(out_file.read_text().splitlines()[-1])
+    assert (summary["failed"], summary["resends"]) == (failed, resends), summary
+    assert summary["completed"] == 3 - failed and summary["total_output_tokens"] == 2 * (3 - failed)
+    assert server.seen == 3 + resends  # each try reached the server once
