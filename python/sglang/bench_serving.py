@@ -249,7 +249,11 @@ async def run_benchmark(
     limit = args.max_concurrency or len(requests)
     semaphore = asyncio.Semaphore(limit)
     connector = aiohttp.TCPConnector(limit=limit)
-    timeout = aiohttp.ClientTimeout(total=args.timeout_s)
+    # --timeout-s bounds each wait (connecting, and between two reads of a stream), not a
+    # whole request: a long generation behind a long queue is not cut off.
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=args.timeout_s, sock_read=args.timeout_s
+    )
     async with aiohttp.ClientSession(
         connector=connector, timeout=timeout, headers=_headers(args)
     ) as session:
@@ -358,7 +362,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--logprobs", type=int, default=None,
                    help="Ask for each token's logprob and this many top alternatives.")  # fmt: skip
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="Longest wait to connect, or between two reads of a stream.")  # fmt: skip
     p.add_argument("--output-file", default=None, help="Append the summary as a JSON line.")
     args = p.parse_args(argv)
     args.base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")

@@ -86,15 +86,16 @@ def test_sse_events_survive_any_split_of_the_body():
     assert _events(body, list(range(1, len(body), 4093))) == want
 
 
-class _DroppingServer:
+class _StreamServer:
     """An OpenAI-style streaming server that closes the connection of its first `drop`
-    requests without answering (as a server that closed a kept-alive connection does)."""
+    requests without answering (as a server that closed a kept-alive connection does),
+    and streams the others' events `gap_s` apart."""
 
     EVENTS = [{"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}]},
               {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}]  # fmt: skip
 
-    def __init__(self, drop: int) -> None:
-        self.drop, self.seen = drop, 0
+    def __init__(self, drop: int = 0, gap_s: float = 0.0) -> None:
+        self.drop, self.gap_s, self.seen = drop, gap_s, 0
         self.loop = asyncio.new_event_loop()
         self.server = self.loop.run_until_complete(
             asyncio.start_server(self.handle, "127.0.0.1", 0)
@@ -111,11 +112,14 @@ class _DroppingServer:
         if self.seen <= self.drop:
             writer.close()
             return
-        body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in self.EVENTS)
-        body += b"data: [DONE]\n\n"
+        events = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in self.EVENTS]
+        events.append(b"data: [DONE]\n\n")
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                     b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
-        await writer.drain()
+                     b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(b"".join(events)))  # fmt: skip
+        for event in events:
+            writer.write(event)
+            await writer.drain()
+            await asyncio.sleep(self.gap_s)
         writer.close()
 
     def stop(self) -> None:
@@ -126,16 +130,32 @@ class _DroppingServer:
 def test_a_request_lost_with_its_connection_is_sent_again(drop, failed, resends, tmp_path):
     """Lost before any answer: sent again, up to the pool's size + 1 tries (2 at
     concurrency 1), then reported as failed; an answered request is never sent twice."""
-    server = _DroppingServer(drop)
+    server = _StreamServer(drop=drop)
+    summary = _bench_summary(server, tmp_path)
+    assert (summary["failed"], summary["resends"]) == (failed, resends), summary
+    assert summary["completed"] == 3 - failed and summary["total_output_tokens"] == 2 * (3 - failed)
+    assert server.seen == 3 + resends  # each try reached the server once
+
+
+def _bench_summary(server: _StreamServer, tmp_path, *extra: str) -> dict:
+    """bench_serving's summary of 3 requests, one at a time, against `server`."""
     out_file = tmp_path / "bench.jsonl"
     argv = ["--base-url", f"http://127.0.0.1:{server.port}", "--backend", "openai",
             "--model", "m", "--num-prompts", "3", "--random-input-len", "3",
-            "--random-output-len", "2", "--max-concurrency", "1", "--output-file", str(out_file)]  # fmt: skip
+            "--random-output-len", "2", "--max-concurrency", "1", "--output-file", str(out_file),
+            *extra]  # fmt: skip
     try:
         bench_serving.main(argv)
     finally:
         server.stop()
-    summary = json.loads(out_file.read_text().splitlines()[-1])
-    assert (summary["failed"], summary["resends"]) == (failed, resends), summary
-    assert summary["completed"] == 3 - failed and summary["total_output_tokens"] == 2 * (3 - failed)
-    assert server.seen == 3 + resends  # each try reached the server once
+    return json.loads(out_file.read_text().splitlines()[-1])
+
+
+@pytest.mark.parametrize("gap_s, completed", [(0.15, 3), (0.6, 0)])
+def test_timeout_bounds_each_wait_not_the_whole_stream(gap_s, completed, tmp_path):
+    """--timeout-s 0.4: a stream of events 0.15 s apart (0.6 s in all) is served; one that
+    stalls 0.6 s between events fails with a timeout instead of waiting on."""
+    summary = _bench_summary(_StreamServer(gap_s=gap_s), tmp_path, "--timeout-s", "0.4")
+    assert summary["completed"] == completed, summary
+    if not completed:
+        assert "Timeout" in summary["errors"][0]
