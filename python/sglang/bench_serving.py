@@ -174,8 +174,13 @@ async def sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
 # aiohttp's errors for a kept-alive connection the server had closed, on writing the
 # request or on reading its answer. aiohttp does not retry a POST, and finds a pooled
 # connection closed by an idle server (llama-server's cpp-httplib closes them) only when
-# it uses it.
-CONNECTION_LOST_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+# it uses it. Not a connection that could not be opened (ClientConnectorError, also an
+# OSError): a server that is down fails each request at once.
+CONNECTION_LOST_ERRORS = (
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+    aiohttp.ClientConnectionResetError,
+)
 
 
 async def send_request(
@@ -226,7 +231,7 @@ async def _send_once(
         result.success = True
     except CONNECTION_LOST_ERRORS as exc:
         result.error = repr(exc)
-        result.connection_lost = not answered
+        result.connection_lost = not (answered or isinstance(exc, aiohttp.ClientConnectorError))
     except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError) as exc:
         result.error = repr(exc)
     return result

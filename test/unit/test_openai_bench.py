@@ -159,3 +159,15 @@ def test_timeout_bounds_each_wait_not_the_whole_stream(gap_s, completed, tmp_pat
     assert summary["completed"] == completed, summary
     if not completed:
         assert "Timeout" in summary["errors"][0]
+
+
+def test_a_server_that_is_down_fails_each_request_once(tmp_path):
+    """Connection refused is not a lost kept-alive connection: no request is sent again."""
+    server = _StreamServer()
+    server.loop.call_soon_threadsafe(server.server.close)  # the port stops accepting
+    deadline = time.time() + 5
+    while server.server.is_serving() and time.time() < deadline:
+        time.sleep(0.01)
+    summary = _bench_summary(server, tmp_path)
+    assert (summary["failed"], summary["resends"]) == (3, 0), summary
+    assert "ClientConnectorError" in summary["errors"][0]
