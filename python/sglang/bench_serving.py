@@ -27,7 +27,6 @@ import os
 import random
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
