@@ -152,9 +152,10 @@ def _chunk_progress(backend: str, data: dict[str, Any]) -> tuple[bool, int | Non
     return has_text, usage.get("prompt_tokens"), usage.get("completion_tokens")
 
 
-async def sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The payload of each `data: ` line of an SSE body, as the bytes arrive (a line may
-    span reads, and be of any length: its pieces are joined once, at its newline)."""
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The body's lines (without their newline) as the bytes arrive: a line may span
+    reads and be of any length (its pieces are joined once, at its newline); the last
+    needs no newline."""
     pieces: list[bytes] = []  # the line being read
     async for data in content.iter_any():
         if b"\n" not in data:
@@ -163,11 +164,15 @@ async def sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
         *lines, rest = b"".join([*pieces, data]).split(b"\n")
         pieces = [rest]
         for line in lines:
-            if line.startswith(b"data: "):
-                yield line[len(b"data: ") :].rstrip(b"\r")
-    last = b"".join(pieces)
-    if last.startswith(b"data: "):
-        yield last[len(b"data: ") :].rstrip(b"\r")
+            yield line
+    yield b"".join(pieces)
+
+
+async def sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The payload of each `data: ` line of an SSE body."""
+    async for line in _lines(content):
+        if line.startswith(b"data: "):
+            yield line[len(b"data: ") :].rstrip(b"\r")
 
 
 # aiohttp's errors for a kept-alive connection the server had closed, on writing the

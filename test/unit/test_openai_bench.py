@@ -126,17 +126,6 @@ class _StreamServer:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-@pytest.mark.parametrize("drop, failed, resends", [(1, 0, 1), (3, 1, 2)])
-def test_a_request_lost_with_its_connection_is_sent_again(drop, failed, resends, tmp_path):
-    """Lost before any answer: sent again, up to the pool's size + 1 tries (2 at
-    concurrency 1), then reported as failed; an answered request is never sent twice."""
-    server = _StreamServer(drop=drop)
-    summary = _bench_summary(server, tmp_path)
-    assert (summary["failed"], summary["resends"]) == (failed, resends), summary
-    assert summary["completed"] == 3 - failed and summary["total_output_tokens"] == 2 * (3 - failed)
-    assert server.seen == 3 + resends  # each try reached the server once
-
-
 def _bench_summary(server: _StreamServer, tmp_path, *extra: str) -> dict:
     """bench_serving's summary of 3 requests, one at a time, against `server`."""
     out_file = tmp_path / "bench.jsonl"
@@ -149,6 +138,17 @@ def _bench_summary(server: _StreamServer, tmp_path, *extra: str) -> dict:
     finally:
         server.stop()
     return json.loads(out_file.read_text().splitlines()[-1])
+
+
+@pytest.mark.parametrize("drop, failed, resends", [(1, 0, 1), (3, 1, 2)])
+def test_a_request_lost_with_its_connection_is_sent_again(drop, failed, resends, tmp_path):
+    """Lost before any answer: sent again, up to the pool's size + 1 tries (2 at
+    concurrency 1), then reported as failed; an answered request is never sent twice."""
+    server = _StreamServer(drop=drop)
+    summary = _bench_summary(server, tmp_path)
+    assert (summary["failed"], summary["resends"]) == (failed, resends), summary
+    assert summary["completed"] == 3 - failed and summary["total_output_tokens"] == 2 * (3 - failed)
+    assert server.seen == 3 + resends  # each try reached the server once
 
 
 @pytest.mark.parametrize("gap_s, completed", [(0.15, 3), (0.6, 0)])
