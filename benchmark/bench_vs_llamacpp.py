@@ -306,8 +306,7 @@ def token_prompts(seed: int, count: int, input_len: int, vocab_size: int) -> lis
 def bench_args(base_url: str, concurrency: int) -> argparse.Namespace:
     args = bench_serving.parse_args(["--backend", "openai", "--base-url", base_url,
                                      "--max-concurrency", str(concurrency)])  # fmt: skip
-    response = httpx.get(base_url + "/v1/models", timeout=10)
-    args.model = response.json()["data"][0]["id"]
+    args.model = bench_serving.default_model(args)
     return args
 
 

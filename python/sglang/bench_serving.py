@@ -379,14 +379,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _default_model(args: argparse.Namespace) -> str:
+def default_model(args: argparse.Namespace) -> str:
+    """The first model the server lists at /v1/models (what SGLang serves as one model)."""
     return _get_json(args, "/v1/models")["data"][0]["id"]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.backend == "openai" and args.model is None:
-        args.model = _default_model(args)
+        args.model = default_model(args)
     requests = random_requests(args, load_tokenizer(args))
     results, duration_s = asyncio.run(run_benchmark(args, requests))
     summary = summarize(results, duration_s)
