@@ -21,12 +21,14 @@ def tokenizer(tmp_path_factory):
     return AutoTokenizer.from_pretrained(str(out))
 
 
-def stream(detok, tokenizer, text, params, chunk=1, rid="r"):
+def stream(detok, tokenizer, text, params, chunk=1, rid="r", finish=None):
+    """The deltas for `text` streamed `chunk` tokens at a time; the last chunk carries
+    `finish` (a length finish by default)."""
     ids = tokenizer.encode(text)
     deltas = []
     for i in range(0, len(ids), chunk):
         last = i + chunk >= len(ids)
-        fin = {"type": "length", "matched": None} if last else None
+        fin = (finish or {"type": "length", "matched": None}) if last else None
         first = params if i == 0 else None
         deltas.append(detok.step([rid], [ids[i : i + chunk]], [fin], [first])[0])
     return deltas
@@ -70,16 +72,50 @@ def test_skip_special_tokens(tokenizer):
     assert keep == text and skip == "ab"
 
 
+def _through_stop(tokenizer, text, stop):
+    """`text` up to the token that completes the last occurrence of `stop` (where the
+    scheduler, checking every token, finishes a request that stops on it)."""
+    ids = tokenizer.encode(text)
+    count = text.count(stop)
+    end = next(n for n in range(1, len(ids) + 1) if tokenizer.decode(ids[:n]).count(stop) == count)
+    return tokenizer.decode(ids[:end])
+
+
+@pytest.mark.parametrize("stream_output", [False, True])
 @pytest.mark.parametrize("no_stop_trim", [False, True])
-def test_stop_string_trimmed_and_held_back(tokenizer, no_stop_trim):
-    params = DecodeParams(stream=True, stop_strs=("STOP",), no_stop_trim=no_stop_trim)
-    deltas = stream(IncrementalDetokenizer(tokenizer), tokenizer, "abc ST xyz STOP tail", params)
-    out = "".join(deltas)
-    assert out == ("abc ST xyz STOP" if no_stop_trim else "abc ST xyz ")
+def test_stop_string_trimmed_and_held_back(tokenizer, no_stop_trim, stream_output):
+    params = DecodeParams(stream=stream_output, stop_strs=("STOP",), no_stop_trim=no_stop_trim)
+    text = _through_stop(tokenizer, "abc ST xyz STOP tail", "STOP")
+    stop = {"type": "stop", "matched": "STOP"}
+    deltas = stream(IncrementalDetokenizer(tokenizer), tokenizer, text, params, finish=stop)
+    assert "".join(deltas) == ("abc ST xyz STOP" if no_stop_trim else "abc ST xyz ")
+    if stream_output:  # "ST" went out only once it could no longer become "STOP"
+        assert any(d.endswith("ST") or "ST " in d for d in deltas[:-1])
+
+
+def test_a_stop_the_scheduler_let_pass_is_text(tokenizer):
+    """A stop string inside min_new_tokens does not end the request: a length finish
+    keeps it, and a later stop finish trims at the later occurrence only."""
+    params = DecodeParams(stream=True, stop_strs=("STOP",))
+    text = "a STOP b STOP c"
+    kept = stream(IncrementalDetokenizer(tokenizer), tokenizer, text, params)
+    assert "".join(kept) == text
+    head = _through_stop(tokenizer, "a STOP b STOP", "STOP")
+    assert head.count("STOP") == 2
+    stop = {"type": "stop", "matched": "STOP"}
+    for stream_output in (False, True):
+        params = DecodeParams(stream=stream_output, stop_strs=("STOP",))
+        out = stream(IncrementalDetokenizer(tokenizer), tokenizer, head, params, finish=stop)
+        assert "".join(out) == "a STOP b "
 
 
 def test_stop_helpers():
     assert find_stop("a b c", ["c", "b"]) == (2, "b")
+    assert find_stop("ab ab", ["ab"], ends_after=3) == (3, "ab")
+    assert find_stop("ab ab", ["ab"], ends_after=2) == (3, "ab")  # [0, 2) ends at 2
+    assert find_stop("ab ab", ["ab"], ends_after=1) == (0, "ab")
+    assert find_stop("xaaa", ["aa"], ends_after=2) == (1, "aa")  # overlapping: the first
+    assert find_stop("xaaa", ["aa"], ends_after=3) == (2, "aa")
     assert partial_stop_len("hello wor", ["world"]) == 3
     assert partial_stop_len("hello", ["xyz"]) == 0
 

@@ -34,10 +34,13 @@ class StopChecker(SchedulerResultsMixin):
         self.eos_token_ids = set()
 
 
-def generate(tokenizer, text: str, stop: list[str], no_stop_trim: bool = False):
+def generate(
+    tokenizer, text: str, stop: list[str], no_stop_trim: bool = False, **limits: int
+):
     """Feed `text`'s tokens one at a time through the scheduler's stop check;
-    returns (tokens generated, finish reason)."""
-    params = SamplingParams(max_new_tokens=1000, stop=stop, no_stop_trim=no_stop_trim)
+    returns (tokens generated, finish reason). `limits`: max/min_new_tokens."""
+    limits.setdefault("max_new_tokens", 1000)
+    params = SamplingParams(stop=stop, no_stop_trim=no_stop_trim, **limits)
     params.normalize()
     req = Req("r", [1, 2, 3], params)
     checker = StopChecker(tokenizer)
@@ -91,3 +94,44 @@ def test_earliest_stop_wins(tokenizer):
 def test_window_covers_the_stop_bytes():
     assert stop_window_tokens(["ab", "你好世界"]) >= len("你好世界".encode())
     assert trim_incomplete_utf8("ab\ufffd\ufffd") == "ab"
+
+
+def test_a_stop_completed_by_the_last_allowed_token_is_a_stop(tokenizer):
+    text = "alpha beta gamma delta"
+    through = generate(tokenizer, text, ["gamma"])[0]
+    ids, finish = generate(tokenizer, text, ["gamma"], max_new_tokens=len(through))
+    assert finish == {"type": "stop", "matched": "gamma"}
+    assert detokenize(tokenizer, ids, finish, ["gamma"], stream=True) == "alpha beta "
+    ids, finish = generate(tokenizer, text, ["gamma"], max_new_tokens=len(through) - 1)
+    assert finish["type"] == "length"
+    cut = detokenize(tokenizer, ids, finish, ["gamma"], stream=True)  # a length finish: all
+    assert cut.startswith("alpha beta g") and "alpha beta gamma".startswith(cut)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stops_inside_min_new_tokens_are_text(tokenizer, stream):
+    """As vLLM: no stop before min_new_tokens; the first one completed after ends it,
+    and the text is trimmed there, not at the earlier one."""
+    text = "x STOP y z w STOP tail and more words"
+    first = len(generate(tokenizer, text, ["STOP"])[0])
+    ids, finish = generate(tokenizer, text, ["STOP"], min_new_tokens=first + 1)
+    assert finish == {"type": "stop", "matched": "STOP"}
+    assert detokenize(tokenizer, ids, finish, ["STOP"], stream) == "x STOP y z w "
+    # No second stop: it runs to max_new_tokens and the text keeps the first one.
+    ids, finish = generate(
+        tokenizer, "x STOP y z w", ["STOP"], min_new_tokens=first + 1, max_new_tokens=first + 3
+    )
+    assert finish["type"] == "length"
+    assert detokenize(tokenizer, ids, finish, ["STOP"], stream).startswith("x STOP y")
+
+
+def test_eos_as_the_last_allowed_token_is_a_stop(tokenizer):
+    params = SamplingParams(max_new_tokens=2)
+    params.normalize()
+    req = Req("r", [1, 2, 3], params)
+    checker = StopChecker(tokenizer)
+    checker.eos_token_ids = {2}
+    for token in (5, 2):
+        req.output_ids.append(token)
+        checker.check_finished(req)
+    assert req.finished_reason == {"type": "stop", "matched": 2}

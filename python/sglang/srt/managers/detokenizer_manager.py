@@ -10,7 +10,7 @@ BatchDetokenizer itself (inline).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,11 +46,14 @@ class DecodeState:
     sent_len: int = 0
 
 
-def find_stop(text: str, stop_strs: Sequence[str]) -> tuple[int, str] | None:
-    """The earliest occurrence of any stop string: (index, stop string)."""
+def find_stop(
+    text: str, stop_strs: Sequence[str], ends_after: int = 0
+) -> tuple[int, str] | None:
+    """The earliest occurrence of any stop string that ends past text[:ends_after]
+    (one the newest characters completed): (index, stop string)."""
     best: tuple[int, str] | None = None
     for stop in stop_strs:
-        idx = text.find(stop)
+        idx = text.find(stop, max(0, ends_after - len(stop) + 1))
         if idx >= 0 and (best is None or idx < best[0]):
             best = (idx, stop)
     return best
@@ -66,6 +69,15 @@ def stop_window_tokens(stop_strs: Sequence[str]) -> int:
     A token decodes to at least one byte, so a stop of b UTF-8 bytes spans at
     most b tokens; the margin gives its first token the context it decodes in."""
     return max(len(s.encode("utf-8")) for s in stop_strs) + STOP_WINDOW_MARGIN
+
+
+def last_token_start(decode: Callable[[list[int]], str], ids: Sequence[int], window: int) -> int:
+    """How many characters of decode(ids[-window:]) come before the last token's: the
+    window decoded without its last token, less an incomplete character that the last
+    token completes (its text is the last token's too)."""
+    if len(ids) <= 1:
+        return 0
+    return len(trim_incomplete_utf8(decode(list(ids[-window:-1]))))
 
 
 def trim_incomplete_utf8(text: str) -> str:
@@ -145,7 +157,7 @@ class IncrementalDetokenizer:
             [s for s, f in zip(states, finished) if f is None and s.params.stream]
         )
         self._decode_finished([s for s, f in zip(states, finished) if f is not None])
-        deltas = [self._take_delta(s, f is not None) for s, f in zip(states, finished)]
+        deltas = [self._take_delta(s, f) for s, f in zip(states, finished)]
         for rid, fin in zip(rids, finished):
             if fin is not None:
                 self.states.pop(rid, None)
@@ -202,21 +214,40 @@ class IncrementalDetokenizer:
         for state, text in zip(states, texts):
             state.text = text
 
-    def _take_delta(self, state: DecodeState, is_finished: bool) -> str:
+    def _take_delta(self, state: DecodeState, finished: dict[str, Any] | None) -> str:
+        """The text not sent yet. Text is trimmed at a stop string only when the
+        scheduler finished the request on it; a running stream holds back a tail that
+        may grow into a stop. A stop the scheduler let pass (inside min_new_tokens) is
+        text like any other."""
         text, stops = state.text, state.params.stop_strs
         end = len(text)
-        if stops:
-            hit = find_stop(text, stops)
-            if hit is not None:
-                idx, stop = hit
-                end = idx + len(stop) if state.params.no_stop_trim else idx
-            elif not is_finished:
-                end -= partial_stop_len(text, stops)
+        matched = finished.get("matched") if finished is not None else None
+        if isinstance(matched, str) and matched:
+            idx = self._stop_index(state, matched)
+            if idx is not None:
+                end = idx + len(matched) if state.params.no_stop_trim else idx
+        elif stops and finished is None:
+            end -= partial_stop_len(text, stops)
         if end <= state.sent_len:
             return ""
         delta = text[state.sent_len : end]
         state.sent_len = end
         return delta
+
+    def _stop_index(self, state: DecodeState, stop: str) -> int | None:
+        """Where in state.text the stop the last token completed starts (the scheduler
+        checks every token, so it is the first one ending in the last token's text)."""
+
+        def decode(ids: list[int]) -> str:
+            return self._decode_many([ids], [state.params])[0]
+
+        window = stop_window_tokens([stop])
+        offset = len(state.text) - len(decode(state.ids[-window:]))  # the window ends text
+        hit = find_stop(state.text, [stop], offset + last_token_start(decode, state.ids, window))
+        if hit is None:  # the window decoded apart from the whole text: the last one
+            idx = state.text.rfind(stop)
+            return idx if idx >= 0 else None
+        return hit[0]
 
 
 class BatchDetokenizer:

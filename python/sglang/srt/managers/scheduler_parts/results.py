@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from sglang.srt.constrained.base import InvalidGrammarError
 from sglang.srt.managers.detokenizer_manager import (
     find_stop,
+    last_token_start,
     stop_window_tokens,
     trim_incomplete_utf8,
 )
@@ -137,25 +138,25 @@ class SchedulerResultsMixin:
             req.finished_reason = internal_error_reason(exc)
 
     def check_finished(self, req: Req) -> None:
+        """Stops before length (as vLLM): a stop token or string that the last allowed
+        token completes ends the request as "stop", and the text is trimmed at it."""
         out = req.output_ids
+        params = req.sampling_params
+        if len(out) >= params.min_new_tokens:
+            token = out[-1]
+            if token in params.stop_token_ids or (
+                not params.ignore_eos and token in self.eos_token_ids
+            ):
+                req.finished_reason = finish_stop(token)
+                return
+            if params.stop_strs and self.tokenizer is not None and self._check_stop_strs(req):
+                return
         if len(out) >= req.max_new_tokens:
             req.finished_reason = finish_length(req.max_new_tokens)
-            return
-        if req.seq_len >= self.context_len:
+        elif req.seq_len >= self.context_len:
             req.finished_reason = finish_length(len(out))
-            return
-        params = req.sampling_params
-        if len(out) < params.min_new_tokens:
-            return
-        token = out[-1]
-        if token in params.stop_token_ids or (
-            not params.ignore_eos and token in self.eos_token_ids
-        ):
-            req.finished_reason = finish_stop(token)
-        elif params.stop_strs and self.tokenizer is not None:
-            self._check_stop_strs(req)
 
-    def _check_stop_strs(self, req: Req) -> None:
+    def _check_stop_strs(self, req: Req) -> bool:
         """Stop strings are matched on decoded text, as the detokenizer trims them.
 
         A stop string checked after every token ends inside the last token, so
@@ -163,17 +164,27 @@ class SchedulerResultsMixin:
         least one byte). STOP_WINDOW_MARGIN more tokens in front keep the
         decode of the stop's first token in context (a leading space, the rest
         of a split character); an incomplete character at the end decodes to
-        U+FFFD, which matches no stop until the token that completes it."""
+        U+FFFD, which matches no stop until the token that completes it. Stops
+        are not checked before min_new_tokens: in the first window after it, one
+        must end in the last token (an earlier one was let pass)."""
         params = req.sampling_params
         window = stop_window_tokens(params.stop_strs)
-        tail = self.tokenizer.decode(
-            req.output_ids[-window:],
-            skip_special_tokens=params.skip_special_tokens,
-            spaces_between_special_tokens=params.spaces_between_special_tokens,
-        )
-        hit = find_stop(trim_incomplete_utf8(tail), params.stop_strs)
+
+        def decode(ids: list[int]) -> str:
+            return self.tokenizer.decode(
+                ids,
+                skip_special_tokens=params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
+            )
+
+        out = req.output_ids
+        ends_after = 0
+        if params.min_new_tokens and len(out) - params.min_new_tokens < window:
+            ends_after = last_token_start(decode, out, window)
+        hit = find_stop(trim_incomplete_utf8(decode(out[-window:])), params.stop_strs, ends_after)
         if hit is not None:
             req.finished_reason = finish_stop(hit[1])
+        return hit is not None
 
     def _maybe_stream(self, req: Req) -> None:
         # The first token goes out at once (time to first token); then every
