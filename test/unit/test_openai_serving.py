@@ -216,6 +216,22 @@ def test_completions_stream_with_echo(client):
     assert events[-1]["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("echo", [False, True])
+def test_completions_stream_logprobs_match_non_stream(client, echo):
+    """text_offset counts from the start of the choice's text in every chunk."""
+    body = {"model": MODEL, "prompt": "xy", "echo": echo, "logprobs": 1, "max_tokens": 5,
+            "stream": True, "temperature": 0}  # fmt: skip
+    with client.stream("POST", "/v1/completions", json=body) as response:
+        events = sse_events(response)
+    full = client.post("/v1/completions", json={**body, "stream": False}).json()
+    expected = full["choices"][0]["logprobs"]
+    chunks = [e["choices"][0]["logprobs"] for e in events if e["choices"][0]["logprobs"]]
+    assert len(chunks) > 1
+    for key in ("tokens", "text_offset", "token_logprobs"):
+        assert [v for chunk in chunks for v in chunk[key]] == expected[key]
+    assert expected["text_offset"][-1] == len(full["choices"][0]["text"]) - 1
+
+
 def test_completions_default_max_tokens_is_16(client, tm):
     client.post("/v1/completions", json={"model": MODEL, "prompt": "a"})
     assert tm.requests[0].sampling_params["max_new_tokens"] == 16

@@ -7,6 +7,8 @@ logprob (None).
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any
 
 from sglang.srt.entrypoints.openai.protocol import (
@@ -27,10 +29,75 @@ def token_text(entry: Entry, tokenizer: Any) -> str:
     return tokenizer.decode([entry[1]])
 
 
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, character -> the byte it spells: printable
+    bytes stand for themselves, the other 68 for 256 + their rank."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {chr(b): b for b in printable}
+    others = [b for b in range(256) if b not in set(printable)]
+    table.update({chr(256 + rank): b for rank, b in enumerate(others)})
+    return table
+
+
+@functools.lru_cache(maxsize=8)
+def _is_byte_level(tokenizer: Any) -> bool:
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return "ByteLevel" in repr(decoder)  # a ByteLevel decoder, alone or in a Sequence
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def raw_token_bytes(tokenizer: Any, token_id: int) -> bytes | None:
+    """The bytes a token stands for where its vocabulary entry spells them (a byte-level
+    BPE piece, a byte-fallback "<0xE9>"); None elsewhere. A token holding part of a
+    UTF-8 character decodes to U+FFFD: only these bytes tell such tokens apart."""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    piece = convert(token_id) if convert is not None else None
+    if not isinstance(piece, str):
+        return None
+    byte = _BYTE_FALLBACK.fullmatch(piece)
+    if byte is not None:
+        return bytes([int(byte.group(1), 16)])
+    if _is_byte_level(tokenizer):
+        alphabet = _byte_level_alphabet()
+        if all(c in alphabet for c in piece):
+            return bytes(alphabet[c] for c in piece)
+    return None
+
+
+def token_bytes(entry: Entry, tokenizer: Any) -> bytes:
+    """The token's UTF-8 bytes: its raw bytes where its text lost them (U+FFFD)."""
+    text = token_text(entry, tokenizer)
+    if "\ufffd" in text and tokenizer is not None:
+        raw = raw_token_bytes(tokenizer, entry[1])
+        if raw is not None:
+            return raw
+    return text.encode("utf-8")
+
+
+def completion_token(entry: Entry, tokenizer: Any) -> str:
+    """A token as the legacy completions API names it: its text, or for part of a
+    UTF-8 character "bytes:\\xNN..." (as OpenAI does), so such tokens stay apart."""
+    text = token_text(entry, tokenizer)
+    if "\ufffd" not in text:
+        return text
+    raw = token_bytes(entry, tokenizer)
+    if raw == text.encode("utf-8"):
+        return text
+    return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
 def _top_dict(entries: list[Entry] | None, tokenizer: Any) -> dict[str, float] | None:
+    """Best first; where two tokens still share a name, the better logprob stays."""
     if entries is None:
         return None
-    return {token_text(e, tokenizer): e[0] for e in entries}
+    top: dict[str, float] = {}
+    for entry in entries:
+        top.setdefault(completion_token(entry, tokenizer), entry[0])
+    return top
 
 
 def completion_logprobs(
@@ -44,7 +111,7 @@ def completion_logprobs(
     offset = text_offset
     for pos, entry in enumerate(token_entries):
         text = token_text(entry, tokenizer)
-        out.tokens.append(text)
+        out.tokens.append(completion_token(entry, tokenizer))
         out.token_logprobs.append(entry[0])
         out.text_offset.append(offset)
         offset += len(text)
@@ -63,7 +130,7 @@ def merge_completion_logprobs(first: CompletionLogProbs, second: CompletionLogPr
 
 def _chat_top(entry: Entry, tokenizer: Any) -> TopLogprob:
     text = token_text(entry, tokenizer)
-    return TopLogprob(token=text, logprob=entry[0], bytes=list(text.encode("utf-8")))
+    return TopLogprob(token=text, logprob=entry[0], bytes=list(token_bytes(entry, tokenizer)))
 
 
 def chat_logprobs(

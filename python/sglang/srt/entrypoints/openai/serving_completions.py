@@ -165,12 +165,17 @@ class OpenAIServingCompletion(OpenAIServingBase):
     def _stream_logprobs(
         self, request: CompletionRequest, meta: dict[str, Any], state: ChoiceStream, echo_len: int
     ) -> CompletionLogProbs | None:
+        """This chunk's logprobs; text_offset counts from the start of the choice's text
+        (the echoed prompt, then every token sent before), as without streaming."""
         if request.logprobs is None:
             return None
-        logprobs = (
-            self._prompt_logprobs(request, meta) if not state.started else CompletionLogProbs()
-        )
-        start = state.take_logprob_start(meta)
-        tokens, tops = output_slices(meta, start)
-        merge_completion_logprobs(logprobs, self._logprobs(request, tokens, tops, echo_len))
+        if state.started:
+            logprobs = CompletionLogProbs()
+        else:
+            logprobs = self._prompt_logprobs(request, meta)
+            state.logprob_text_offset = echo_len
+        tokens, tops = output_slices(meta, state.take_logprob_start(meta))
+        output = self._logprobs(request, tokens, tops, state.logprob_text_offset)
+        state.logprob_text_offset += sum(len(token) for token in output.tokens)
+        merge_completion_logprobs(logprobs, output)
         return logprobs

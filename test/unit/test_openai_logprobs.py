@@ -1,0 +1,59 @@
+"""Logprob shapes for tokens that hold part of a UTF-8 character (they decode to U+FFFD):
+the chat API's `bytes` rebuild the text, and the completions API names them apart."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from sglang.srt.entrypoints.openai.logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    raw_token_bytes,
+)
+from sglang.demo_models import demo_target_path
+
+TEXT = "🙂é 你好 ok"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(str(demo_target_path()))
+
+
+def entries(tokenizer, ids, logprob=-1.0):
+    return [(logprob, i, tokenizer.decode([i])) for i in ids]
+
+
+def test_byte_tokens_are_named_by_their_bytes(tokenizer):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    texts = [tokenizer.decode([i]) for i in ids]
+    assert any("\ufffd" in t for t in texts)  # the case under test: split characters
+    assert b"".join(raw_token_bytes(tokenizer, i) for i in ids) == TEXT.encode()
+    chat = chat_logprobs(entries(tokenizer, ids), None, tokenizer)
+    assert b"".join(bytes(c.bytes) for c in chat.content) == TEXT.encode()
+    tokens = completion_logprobs(entries(tokenizer, ids), None, tokenizer).tokens
+    split = [t for t, text in zip(tokens, texts) if "\ufffd" in text]
+    assert split and all(t.startswith("bytes:\\x") for t in split)
+    assert [t for t, text in zip(tokens, texts) if "\ufffd" not in text] == [
+        text for text in texts if "\ufffd" not in text
+    ]
+
+
+def test_top_logprobs_keep_every_token_best_first(tokenizer):
+    """Five byte tokens, all decoding to U+FFFD: five entries, each with its own value."""
+    ids = [i for i in range(tokenizer.vocab_size) if tokenizer.decode([i]) == "\ufffd"][:5]
+    assert len(ids) == 5
+    top = [(-0.5 - k, i, "\ufffd") for k, i in enumerate(ids)]  # best first
+    out = completion_logprobs([top[0]], [top], tokenizer)
+    assert list(out.top_logprobs[0].values()) == [-0.5, -1.5, -2.5, -3.5, -4.5]
+    assert out.tokens[0] in out.top_logprobs[0]
+    assert out.top_logprobs[0][out.tokens[0]] == -0.5
+
+
+def test_a_shared_name_keeps_the_better_logprob():
+    """Without a vocabulary to tell them apart, two tokens that decode alike keep the
+    best value, not the last."""
+    top = [(-0.5, 1, "a"), (-2.0, 2, "a")]
+    out = completion_logprobs([top[0]], [top], None)
+    assert out.top_logprobs[0] == {"a": -0.5}
