@@ -17,6 +17,7 @@ import jinja2
 
 from sglang.srt.managers.request_errors import ServerUnavailableError
 from sglang.srt.managers.tokenizer_manager import _sampling_params, check_request_fields
+from sglang.srt.sampling.param_types import InvalidParamError
 
 CHATML = (
     "{% for message in messages %}"
@@ -83,8 +84,21 @@ class FakeTokenizerManager:
         return list(obj.input_ids) if obj.input_ids is not None else self.tokenizer.encode(obj.text)
 
     def _validate(self, input_ids: list[int], params: dict[str, Any]) -> None:
+        """The real runtime's length checks, naming the native fields as it does."""
         if len(input_ids) >= self.context_len:
-            raise ValueError(f"input is longer than the context length ({self.context_len})")
+            raise InvalidParamError(
+                f"The input ({len(input_ids)} tokens) is longer than the model's context "
+                f"length ({self.context_len})",
+                "input_ids",
+            )
+        max_new = params.get("max_new_tokens")
+        if isinstance(max_new, int) and len(input_ids) + max_new > self.context_len:
+            raise InvalidParamError(
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.context_len} tokens: {len(input_ids)} in the input plus {max_new} "
+                f"max_new_tokens.",
+                "sampling_params.max_new_tokens",
+            )
         _sampling_params(params, VOCAB_SIZE)
 
     def _start(self, input_ids: list[int], params: dict[str, Any]) -> int:
@@ -177,7 +191,7 @@ class FakeTokenizerManager:
 
     def check_text_can_fit(self, text: str, param: str) -> None:
         if len(text) > self.context_len * 4:  # the fake tokenizer: one char per token
-            raise ValueError(f"{param}: longer than the context length")
+            raise InvalidParamError("The input is longer than the context length", param)
 
     def scheduler_busy_for_s(self) -> float | None:
         return None

@@ -119,7 +119,7 @@ class _DisconnectingRequest:
         return {"type": "http.disconnect"}
 
 
-def _objs(n: int, max_new_tokens: int = 1000) -> list[GenerateReqInput]:
+def _objs(n: int, max_new_tokens: int = 200) -> list[GenerateReqInput]:
     params = {"max_new_tokens": max_new_tokens, "ignore_eos": True}
     return [GenerateReqInput(text="ab", sampling_params=params, rid=f"r{i}") for i in range(n)]
 

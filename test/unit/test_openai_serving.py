@@ -304,11 +304,23 @@ def test_too_long_prompt_is_400(client, tm):
                        "content": long_text}]))  # fmt: skip
     assert assert_error(chat, 400, "messages")["code"] == "context_length_exceeded"
     body = {"model": MODEL, "prompt": long_text, "max_tokens": 2}
-    assert assert_error(client.post("/v1/completions", json=body), 400)["code"] == (
+    assert assert_error(client.post("/v1/completions", json=body), 400, "prompt")["code"] == (
         "context_length_exceeded"
     )
+    tokens = {**body, "prompt": [104] * (tm.context_len + 1)}
+    assert_error(client.post("/v1/completions", json=tokens), 400, "prompt")
+    huge = {**body, "prompt": "x" * (tm.context_len * 5)}  # refused before tokenizing
+    assert_error(client.post("/v1/completions", json=huge), 400, "prompt")
     with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
         assert response.status_code == 400
+
+
+def test_context_overflow_names_max_tokens(client, tm):
+    """The runtime's native names (max_new_tokens) become the route's (max_tokens)."""
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": tm.context_len}
+    error = assert_error(client.post("/v1/completions", json=body), 400, "max_tokens")
+    assert error["code"] == "context_length_exceeded"
+    assert "max_tokens" in error["message"] and "max_new_tokens" not in error["message"]
 
 
 def test_unknown_route_is_openai_error(client):

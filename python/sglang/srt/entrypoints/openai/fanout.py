@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sglang.srt.entrypoints.openai.errors import APIError
+from sglang.srt.entrypoints.openai.sampling import openai_message
 from sglang.srt.managers.request_errors import (
     InvalidRequestError,
     RequestFailedError,
@@ -63,18 +64,27 @@ def to_api_error(exc: BaseException, param_of: Callable[[str], str] | None = Non
     if isinstance(exc, ServerUnavailableError):
         return APIError(exc.message, exc.status_code)
     if isinstance(exc, InvalidRequestError):
-        param = param_of(exc.param) if param_of is not None and exc.param else exc.param
-        return APIError(exc.message, exc.status_code, param=param, code="invalid_value")
+        message, param = _route_names(exc.message, exc.param, param_of)
+        return APIError(message, exc.status_code, param=param, code="invalid_value")
     if isinstance(exc, RequestFailedError):
         return APIError(exc.message, exc.status_code, code="request_failed")
     if isinstance(exc, ValueError):
-        message = str(exc)
+        message, param = _route_names(str(exc), getattr(exc, "param", None), param_of)
         lowered = message.lower()
         too_long = "context length" in lowered or "longer than" in lowered
         code = "context_length_exceeded" if too_long else "invalid_value"
-        return APIError(message, 400, param=getattr(exc, "param", None), code=code)
+        return APIError(message, 400, param=param, code=code)
     logger.error("request failed unexpectedly: %r", exc)
     return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, code="request_failed")
+
+
+def _route_names(
+    message: str, param: str | None, param_of: Callable[[str], str] | None
+) -> tuple[str, str | None]:
+    """(message, param) in the route's names: OpenAI's where `param_of` is given."""
+    if param_of is None:
+        return message, param
+    return openai_message(message), (param_of(param) if param else param)
 
 
 class ChoiceFanout:

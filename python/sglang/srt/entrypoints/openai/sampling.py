@@ -65,7 +65,16 @@ def openai_param(request: SamplingFields, native_path: str) -> str:
     name = native_path.removeprefix("sampling_params.")
     if name in ("json_schema", "structural_tag") and request.response_format is not None:
         return "response_format"
+    if name in ("text", "input_ids"):  # the prompt the route built them from
+        return "messages" if hasattr(request, "messages") else "prompt"
     return _OPENAI_NAMES.get(name, name)
+
+
+def openai_message(message: str) -> str:
+    """A runtime error's message with the OpenAI names of the native fields it cites."""
+    for native, name in _OPENAI_NAMES.items():
+        message = message.replace(native, name)
+    return message
 
 
 # OpenAI field names of the native sampling fields they map to (errors name the former).
@@ -80,10 +89,7 @@ def check_choice_params(params: dict[str, Any], vocab_size: int | None) -> None:
     except InvalidParamError as exc:
         native = (exc.param or "").split(".")[0]
         param = _OPENAI_NAMES.get(native, native) or None
-        message = str(exc)
-        for old, new in _OPENAI_NAMES.items():
-            message = message.replace(old, new)
-        raise APIError(message, param=param, code="invalid_value") from None
+        raise APIError(openai_message(str(exc)), param=param, code="invalid_value") from None
 
 
 def sampling_params(request: SamplingFields, max_new_tokens: int | None) -> dict[str, Any]:
