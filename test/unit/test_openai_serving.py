@@ -415,6 +415,22 @@ def test_metrics(client):
     assert "sglang:queue_time_seconds_count 2.0" in text
 
 
+def test_metrics_count_the_tokens_of_a_request_cut_short():
+    """A client gone mid-stream: its prompt and the tokens generated so far are counted."""
+    from sglang.srt.observability.metrics import RequestTracker, ServerMetrics
+
+    metrics = ServerMetrics()
+    tracker = RequestTracker(metrics)
+    for done in (1, 4):
+        meta = {"prompt_tokens": 7, "completion_tokens": done, "cached_tokens": 2}
+        tracker.on_output({"meta_info": {**meta, "finish_reason": None}})
+    tracker.on_abort()
+    text = metrics.render().decode()
+    for line in ("prompt_tokens_total 7.0", "generation_tokens_total 4.0",
+                 "cached_tokens_total 2.0", "num_aborted_requests_total 1.0"):  # fmt: skip
+        assert f"sglang:{line}" in text, line
+
+
 def test_api_key(tm):
     with make_client(tm, api_key="sekret") as client:
         assert client.get("/health").status_code == 200

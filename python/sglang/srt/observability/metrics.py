@@ -109,10 +109,11 @@ class RequestTracker:
         self._start_s = time.perf_counter()
         self._last_s: float | None = None
         self._last_tokens = 0
+        self._last_meta: dict[str, Any] = {}  # the latest output's meta_info
 
     def on_output(self, output: dict[str, Any]) -> None:
         now = time.perf_counter()
-        meta = output["meta_info"]
+        meta = self._last_meta = output["meta_info"]
         num_tokens = int(meta.get("completion_tokens", 0))
         if num_tokens > self._last_tokens:
             self._on_new_tokens(now, num_tokens - self._last_tokens)
@@ -134,14 +135,19 @@ class RequestTracker:
         m.observe("e2e_request_latency_seconds", now - self._start_s)
         if isinstance(meta.get("queue_time"), (int, float)):
             m.observe("queue_time_seconds", float(meta["queue_time"]))
-        m.count("prompt_tokens", meta.get("prompt_tokens", 0))
-        m.count("generation_tokens", meta.get("completion_tokens", 0))
-        m.count("cached_tokens", meta.get("cached_tokens", 0))
+        self._count_tokens(meta)
         m.count("num_requests")
         if meta["finish_reason"].get("type") == "abort":
             m.count("num_aborted_requests")
 
+    def _count_tokens(self, meta: dict[str, Any]) -> None:
+        self._metrics.count("prompt_tokens", meta.get("prompt_tokens", 0))
+        self._metrics.count("generation_tokens", meta.get("completion_tokens", 0))
+        self._metrics.count("cached_tokens", meta.get("cached_tokens", 0))
+
     def on_abort(self) -> None:
-        """The consumer stopped before the request finished (disconnect, shutdown)."""
+        """The consumer stopped before the request finished (disconnect, shutdown): the
+        tokens it had were computed all the same."""
+        self._count_tokens(self._last_meta)
         self._metrics.count("num_requests")
         self._metrics.count("num_aborted_requests")
