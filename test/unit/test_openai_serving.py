@@ -260,6 +260,7 @@ def test_error_bodies(client):
     assert_error(post("/v1/chat/completions", json={**chat_body(), "model": "nope"}), 404, "model")
     assert_error(post("/v1/chat/completions", json=chat_body(temperature=-1)), 400, "temperature")
     assert_error(post("/v1/chat/completions", json=chat_body(n="x")), 400, "n")
+    assert_error(post("/v1/chat/completions", json=chat_body(top_logprobs=2)), 400, "top_logprobs")
     assert_error(post("/v1/chat/completions", json={"model": MODEL}), 400, "messages")
     assert_error(post("/v1/completions", json={"model": MODEL, "prompt": [[]]}), 400, "prompt")
     assert_error(post("/v1/completions", json={"model": MODEL, "prompt": [999999]}), 400)

@@ -70,6 +70,8 @@ class OpenAIServingChat(OpenAIServingBase):
 
     def prepare(self, request: ChatCompletionRequest) -> ChatPrepared:
         check_tools(request)
+        if request.top_logprobs and not request.logprobs:  # as OpenAI and vLLM refuse it
+            raise APIError("top_logprobs needs logprobs set to true", param="top_logprobs")
         input_ids = self._prompt_ids(request)
         max_new_tokens = self._max_new_tokens(request, len(input_ids))
         params = self._choice_params(request, max_new_tokens)
