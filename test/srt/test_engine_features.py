@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -68,6 +71,65 @@ def test_stream_chunks_concatenate_to_full_output(engine):
     assert sum((c["output_ids"] for c in chunks), []) == full["output_ids"]
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_stream_chunks_carry_their_own_logprobs(engine):
+    """Each chunk's logprob lists hold its new entries, as its text and ids do."""
+    options = {"return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0}
+    full = engine.generate(PROMPT, greedy(8), **options)
+    chunks = list(engine.generate(PROMPT, greedy(8), stream=True, **options))
+    assert len(chunks) >= 2
+    for key in ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs"):
+        joined = [entry for c in chunks for entry in c["meta_info"][key]]
+        assert joined == full["meta_info"][key], key
+    for chunk in chunks:
+        ids = [t for _, t, _ in chunk["meta_info"]["output_token_logprobs"]]
+        assert ids == chunk["output_ids"]
+
+
+def test_a_timed_out_async_stream_raises_the_timeout(engine):
+    """asyncio.wait_for around a stream: the caller gets TimeoutError whatever the
+    moment (not the stream's own RuntimeError), and the request is aborted."""
+
+    async def consume() -> None:
+        async for _ in await engine.async_generate(PROMPT, greedy(240), stream=True):
+            pass
+
+    async def main() -> list[str]:
+        outcomes = []
+        for step in range(8):
+            try:
+                await asyncio.wait_for(consume(), timeout=0.02 + 0.015 * step)
+                outcomes.append("finished")
+            except asyncio.TimeoutError:
+                outcomes.append("timeout")
+        return outcomes
+
+    assert set(asyncio.run(main())) <= {"timeout", "finished"}
+
+
+def test_ctrl_c_in_generate_aborts_its_requests(engine):
+    """KeyboardInterrupt reaches the caller and the requests stop in the scheduler."""
+    rids = [f"interrupted-{i}" for i in range(6)]  # 4 run, 2 wait: about 1 s of work
+    timer = threading.Timer(0.15, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.generate([PROMPT] * 6, greedy(240), rid=rids)
+    finally:
+        timer.cancel()
+    engine._run(asyncio.sleep(0.05))  # the loop runs the cancellation
+    assert not set(rids) & set(engine.tokenizer_manager.rid_to_state)
+    stream = engine.generate(PROMPT, greedy(240), stream=True)
+    next(stream)
+    timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in stream:
+                pass
+    finally:
+        timer.cancel()
 
 
 def test_n_expands_into_n_requests(engine):

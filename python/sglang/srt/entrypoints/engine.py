@@ -504,8 +504,15 @@ class Engine:
         return _launch_subprocesses(server_args, placement_group)
 
     def _run(self, coro: Any) -> Any:
+        """`coro` run on the Engine's loop; interrupted here (Ctrl-C), it is cancelled
+        there too (a generate's requests are then aborted)."""
         self._raise_if_closed(coro)
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
 
     async def _arun(self, coro: Any) -> Any:
         self._raise_if_closed(coro)
@@ -568,28 +575,28 @@ class Engine:
         return final
 
     def _stream_sync(self, reqs: list[GenerateReqInput]) -> Iterator[dict[str, Any]]:
-        agen = _incremental(self._merged_stream(reqs))
+        stream = _LoopStream(_incremental(self._merged_stream(reqs)))
         try:
             while True:
                 try:
-                    yield self._run(agen.__anext__())
+                    yield self._run(stream.next())
                 except StopAsyncIteration:
                     return
         finally:
             if not self._closed:
-                self._run(agen.aclose())
+                self._run(stream.close())
 
     async def _stream_async(self, reqs: list[GenerateReqInput]) -> AsyncIterator[dict[str, Any]]:
-        agen = _incremental(self._merged_stream(reqs))
+        stream = _LoopStream(_incremental(self._merged_stream(reqs)))
         try:
             while True:
                 try:
-                    yield await self._arun(agen.__anext__())
+                    yield await self._arun(stream.next())
                 except StopAsyncIteration:
                     return
         finally:
             if not self._closed:
-                await self._arun(agen.aclose())
+                await self._arun(stream.close())
 
     async def _merged_stream(self, reqs: list[GenerateReqInput]) -> AsyncIterator[dict]:
         """Cumulative outputs of several requests, interleaved, tagged with "index"."""
@@ -699,16 +706,62 @@ class Engine:
         self.shutdown()
 
 
+class _LoopStream:
+    """An async generator that lives on the Engine's loop, stepped from the caller's
+    thread or loop. A caller cancelled (a timeout, Ctrl-C) while a step is in flight
+    cancels that step on the loop; close() waits for it to end before closing the
+    generator, which would otherwise still be running ("aclose(): asynchronous
+    generator is already running") and hide the caller's own exception."""
+
+    def __init__(self, agen: AsyncIterator[dict]) -> None:
+        self._agen = agen
+        self._step: asyncio.Task | None = None
+
+    async def next(self) -> dict:
+        """On the Engine's loop."""
+        self._step = asyncio.current_task()
+        try:
+            return await self._agen.__anext__()
+        finally:
+            self._step = None
+
+    async def close(self) -> None:
+        """On the Engine's loop: end a step in flight, then the generator (which aborts
+        the requests still running)."""
+        step = self._step
+        if step is not None:
+            step.cancel()
+            await asyncio.wait([step])
+        await self._agen.aclose()
+
+
+# meta_info lists that grow with the request; a stream chunk carries their new entries.
+_GROWING_META = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+    "input_token_logprobs",
+    "input_top_logprobs",
+)
+
+
 async def _incremental(cumulative: AsyncIterator[dict]) -> AsyncIterator[dict]:
-    """Turn cumulative outputs into chunks: new text and new ids since the last one."""
-    sent: dict[int, tuple[int, int]] = {}
+    """Turn cumulative outputs into chunks: the text, ids and logprob entries new since
+    the request's last chunk (joined, a request's chunks give its whole output)."""
+    sent: dict[int, dict[str, int]] = {}  # per index: entries sent of each growing list
     async for out in cumulative:
-        index = out.get("index", 0)
-        text_len, ids_len = sent.get(index, (0, 0))
+        counts = sent.setdefault(out.get("index", 0), {})
         chunk = dict(out)
-        chunk["text"] = out["text"][text_len:]
-        chunk["output_ids"] = out["output_ids"][ids_len:]
-        sent[index] = (len(out["text"]), len(out["output_ids"]))
+        for key in ("text", "output_ids"):
+            chunk[key] = out[key][counts.get(key, 0) :]
+            counts[key] = len(out[key])
+        meta = out.get("meta_info")
+        if isinstance(meta, dict) and any(key in meta for key in _GROWING_META):
+            chunk["meta_info"] = meta = dict(meta)
+            for key in _GROWING_META:
+                if isinstance(meta.get(key), list):
+                    entries = meta[key]
+                    meta[key] = entries[counts.get(key, 0) :]
+                    counts[key] = len(entries)
         yield chunk
 
 
