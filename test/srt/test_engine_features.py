@@ -157,6 +157,21 @@ def test_stop_token_ids_and_stop_strings(engine):
     assert kept["text"] == text[: text.index(stop) + len(stop)]
 
 
+def test_numpy_and_torch_token_ids(engine):
+    import numpy as np
+    import torch
+
+    ids = [1, 5, 9, 13]
+    expected = engine.generate(input_ids=ids, sampling_params=greedy(3))["output_ids"]
+    for given in (np.array(ids), torch.tensor(ids), [np.int64(i) for i in ids]):
+        out = engine.generate(input_ids=given, sampling_params=greedy(3))
+        assert out["output_ids"] == expected
+    batch = engine.generate(input_ids=np.array([ids, ids]), sampling_params=greedy(3))
+    assert [o["output_ids"] for o in batch] == [expected, expected]
+    with pytest.raises(ValueError, match="input_ids"):
+        engine.generate(input_ids=np.array([1.5, 2.0]), sampling_params=greedy(3))
+
+
 def test_logprobs(engine):
     out = engine.generate(
         PROMPT, greedy(4), return_logprob=True, top_logprobs_num=2, logprob_start_len=0

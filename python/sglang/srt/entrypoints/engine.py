@@ -825,8 +825,22 @@ def _prompt_items(prompt: Any, input_ids: Any) -> tuple[list[dict[str, Any]], bo
     if prompt is not None:
         is_list = isinstance(prompt, list)
         return [{"text": p} for p in (prompt if is_list else [prompt])], is_list
+    input_ids = _plain_ids(input_ids)
     is_list = bool(input_ids) and isinstance(input_ids[0], list)
     return [{"input_ids": ids} for ids in (input_ids if is_list else [input_ids])], is_list
+
+
+def _plain_ids(value: Any) -> Any:
+    """Token ids as Python lists of ints: a numpy array or torch tensor (1-D, or 2-D
+    for a batch) by its tolist(), numpy / torch integer scalars as ints. Anything else
+    is left for the request checks to refuse by name."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        return value
+    if all(type(v) is int for v in value):
+        return list(value)
+    return [_plain_ids(v) for v in value]
 
 
 def _per_prompt(value: Any, count: int) -> list[Any]:
