@@ -140,6 +140,23 @@ def test_validation_names_field(fields, name):
         cpu_args(**fields).resolve_once()
 
 
+@pytest.mark.parametrize(
+    "fields, name",
+    [
+        ({"random_seed": "x"}, "random_seed"),
+        ({"max_total_tokens": 1.5}, "max_total_tokens"),
+        ({"disable_radix_cache": "yes"}, "disable_radix_cache"),
+        ({"tp_size": True}, "tp_size"),
+        ({"mem_fraction_static": "0.5"}, "mem_fraction_static"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_at_construction(fields, name):
+    """A Python caller (ServerArgs, Engine) is not type-checked by the CLI parser."""
+    with pytest.raises(ValueError, match=f"{name}=.* is not accepted; it must be"):
+        ServerArgs(**fields)
+    ServerArgs(random_seed=3, mem_fraction_static=1, max_total_tokens=None)  # int for float
+
+
 def test_failed_resolution_leaves_record_unresolved():
     sa = cpu_args(tp_size=0)
     with pytest.raises(ValueError):

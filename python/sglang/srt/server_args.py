@@ -50,7 +50,12 @@ from sglang.srt.arg_groups.overrides import (
     stash_of,
 )
 from sglang.srt.arg_groups.resolvers import RESOLVERS
-from sglang.srt.arg_groups.validation import check_refusals, validate, warn_noops
+from sglang.srt.arg_groups.validation import (
+    check_refusals,
+    check_types,
+    validate,
+    warn_noops,
+)
 
 __all__ = [
     "ServerArgs",
@@ -85,6 +90,7 @@ class ServerArgs(
 
     def __post_init__(self) -> None:
         # A flag that is not implemented is refused where the operator typed it.
+        check_types(self, dataclasses.fields(self))
         check_refusals(self, dataclasses.fields(self))
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -10,7 +10,10 @@ logs, at resolution, each field set on a device its `noop_on=` names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import types
+import typing
 from typing import Any
 
 from sglang.srt.arg_groups.arg_utils import flag_of, is_refused_value
@@ -183,6 +186,64 @@ def check_refusals(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
         if noop and (c.device == "auto" or c.device in noop):
             continue
         raise ValueError(refusal_message(f, value))
+
+
+def check_types(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
+    """Raise ValueError for a value of the wrong type (the CLI parses types; a Python
+    caller, ServerArgs(...) or Engine(...), may pass anything): `random_seed="x"` fails
+    here, naming the field, not later in a child process."""
+    hints = _field_types(type(c))
+    for f in fields:
+        value, expected = getattr(c, f.name), hints.get(f.name)
+        if value is not None and expected is not None and not _has_type(value, expected):
+            raise ValueError(
+                f"{f.name}={value!r} is not accepted; it must be {_type_name(expected)}"
+            )
+
+
+@functools.lru_cache(maxsize=4)
+def _field_types(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except (NameError, TypeError):  # an annotation that does not resolve: no type checks
+        return {}
+
+
+def _has_type(value: Any, expected: Any) -> bool:
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if expected is Any:
+        return True
+    if expected is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is list:
+        inner = args[0] if args else Any
+        return isinstance(value, (list, tuple)) and all(_has_type(v, inner) for v in value)
+    if origin is tuple:
+        return isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, dict)
+    if isinstance(expected, type):
+        return isinstance(value, expected)
+    return True  # a form not checked here
+
+
+def _type_name(expected: Any) -> str:
+    if typing.get_origin(expected) in (typing.Union, types.UnionType):
+        names = [_type_name(a) for a in typing.get_args(expected) if a is not type(None)]
+        return " or ".join(names) + " (or None)" * (type(None) in typing.get_args(expected))
+    if typing.get_origin(expected) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(expected))
+    return getattr(expected, "__name__", None) or str(expected)
 
 
 def noop_fields(c: Any, fields: tuple[dataclasses.Field, ...]) -> list[tuple[str, str]]:
