@@ -698,6 +698,8 @@ class Engine:
             closing.result(timeout=5.0)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5.0)
+        if not self._thread.is_alive():  # stopped: its selector and pipes go now, not at exit
+            self._loop.close()
 
     def __enter__(self) -> Engine:
         return self
