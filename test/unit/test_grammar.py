@@ -156,10 +156,12 @@ class CountingBackend(GrammarBackend):
     def __init__(self, inner: XGrammarBackend) -> None:
         self.inner, self.compiles, self.release = inner, 0, threading.Event()
         self.release.set()
+        self.hold_text: str | None = None  # only this constraint is held (None: all)
 
     def compile(self, key):
         self.compiles += 1
-        self.release.wait(10)
+        if self.hold_text is None or key.text == self.hold_text:
+            self.release.wait(10)
         return self.inner.compile(key)
 
     def new_grammar(self, compiled):
@@ -214,6 +216,51 @@ def test_manager_times_out_and_aborts(backend):
     assert ready == [] and [r.rid for r, _ in failed] == ["slow"]
     assert "took longer than 0.2 s" in str(failed[0][1]) and failed[0][1].param == "regex"
     counting.release.set()
+    manager.shutdown()
+
+
+def test_a_slow_compile_fails_alone_and_its_result_is_kept(backend):
+    """A constraint queued behind one that runs past the timeout is compiled (it does not
+    fail with it); a retry of the slow one joins its compile, and once that ends a
+    retry is served from the cache."""
+    counting = CountingBackend(backend)
+    counting.release.clear()
+    counting.hold_text = "x+"
+    manager = GrammarManager(lambda: counting, timeout_s=0.3)
+    slow, quick = req("slow", regex="x+"), req("quick", regex="[0-9]{2}q")
+    for r in (slow, quick):
+        manager.submit(r, key_of(r.sampling_params))
+    ready, failed = drain(manager)
+    assert [r.rid for r in ready] == ["quick"] and [r.rid for r, _ in failed] == ["slow"]
+    retry = req("retry", regex="x+")
+    manager.submit(retry, key_of(retry.sampling_params))
+    ready, failed = drain(manager)
+    assert ready == [] and [r.rid for r, _ in failed] == ["retry"]
+    assert counting.compiles == 2  # the retry joined the running compile
+    counting.release.set()
+    again = req("again", regex="x+")
+    deadline = time.monotonic() + 10
+    while manager._cache[key_of(again.sampling_params)].future.done() is False:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    manager.submit(again, key_of(again.sampling_params))
+    ready, failed = drain(manager)
+    assert [r.rid for r in ready] == ["again"] and counting.compiles == 2
+    manager.shutdown()
+
+
+def test_an_aborted_request_drops_its_queued_compile(backend):
+    counting = CountingBackend(backend)
+    counting.release.clear()
+    manager = GrammarManager(lambda: counting, timeout_s=30)
+    first, dropped = req("first", regex="a+"), req("dropped", regex="b+")
+    for r in (first, dropped):
+        manager.submit(r, key_of(r.sampling_params))
+    assert manager.remove("dropped") is dropped
+    counting.release.set()
+    ready, failed = drain(manager)
+    assert [r.rid for r in ready] == ["first"] and failed == []
+    assert counting.compiles == 1  # "b+" never compiled
     manager.shutdown()
 
 

@@ -150,8 +150,8 @@ class Envs:
         "SGLANG_GRAMMAR_TIMEOUT",
         "float",
         300.0,
-        "Seconds a constrained request waits for its grammar to compile before it fails "
-        "with a 400 naming the constraint field.",
+        "Seconds a constraint's compile may run before its requests fail with a 400 "
+        "naming the constraint field (the compile finishes in the background, cached).",
     )
     SGLANG_FAULT_INJECT = EnvVar(
         "SGLANG_FAULT_INJECT",

@@ -1,10 +1,13 @@
 """Compiling constraints off the decode loop, and the per-step token mask.
 
 The scheduler hands a new constrained request to `GrammarManager.submit`; the
-compile runs on one worker thread (xgrammar releases the GIL while it works),
-results are kept in an LRU cache keyed by the constraint, and the request waits
-in the manager's queue until `pop_ready` hands it back with its matcher, or with
-its error. Unconstrained requests never pass through here.
+compiles run one at a time off the scheduler thread (`compile_runner`; xgrammar
+releases the GIL while it works), results are kept in an LRU cache keyed by the
+constraint, and the request waits in the manager's queue until `pop_ready` hands
+it back with its matcher, or with its error. A request's timeout counts from the
+start of its constraint's compile, so a constraint queued behind a slow one waits
+for it (at most one timeout) instead of failing with it. Unconstrained requests
+never pass through here.
 
 The backend itself is built by the first compile, on the worker thread: a server
 that never sees a constraint never imports xgrammar (about 30 MiB of RSS per
@@ -18,7 +21,6 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -27,6 +29,7 @@ import torch
 
 from sglang.srt.constrained.backends import GrammarBackendUnavailable
 from sglang.srt.constrained.base import GrammarBackend, GrammarKey, InvalidGrammarError
+from sglang.srt.constrained.compile_runner import CompileJob, CompileRunner
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +52,7 @@ class GrammarMask:
 class _Pending:
     req: Any
     key: GrammarKey
-    future: Future
-    deadline_s: float
+    job: CompileJob
 
 
 class GrammarManager:
@@ -72,8 +74,10 @@ class GrammarManager:
         self.backend_error: GrammarBackendUnavailable | None = None
         self.timeout_s = timeout_s
         self.blocking = blocking
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
-        self._cache: OrderedDict[GrammarKey, Future] = OrderedDict()
+        self._runner = CompileRunner(self._compile)
+        # A failed compile leaves; one still running (even abandoned) stays, so a
+        # retry of the same constraint joins it instead of compiling it again.
+        self._cache: OrderedDict[GrammarKey, CompileJob] = OrderedDict()
         self.queue: list[_Pending] = []
         self.num_compiles = 0
         self.compile_time_s = 0.0
@@ -89,19 +93,17 @@ class GrammarManager:
     # ------------------------------------------------------------------ compile
 
     def submit(self, req: Any, key: GrammarKey) -> None:
-        deadline = time.monotonic() + self.timeout_s
-        self.queue.append(_Pending(req, key, self._compiled(key), deadline))
+        self.queue.append(_Pending(req, key, self._compiled(key)))
 
-    def _compiled(self, key: GrammarKey) -> Future:
-        future = self._cache.get(key)
-        if future is not None:
+    def _compiled(self, key: GrammarKey) -> CompileJob:
+        job = self._cache.get(key)
+        if job is not None:
             self._cache.move_to_end(key)
-            return future
-        future = self._executor.submit(self._compile, key)
-        self._cache[key] = future
+            return job
+        job = self._cache[key] = self._runner.submit(key)
         if len(self._cache) > CACHE_CAPACITY:
             self._cache.popitem(last=False)
-        return future
+        return job
 
     def _built_backend(self) -> GrammarBackend:
         """The backend, built on first use (normally by the first compile)."""
@@ -135,27 +137,30 @@ class GrammarManager:
         """Block up to timeout_s for any pending compile (the scheduler has nothing
         else to do)."""
         if self.queue:
-            wait_futures([p.future for p in self.queue], timeout_s, return_when="FIRST_COMPLETED")
+            futures = [p.job.future for p in self.queue]
+            wait_futures(futures, timeout_s, return_when="FIRST_COMPLETED")
 
     def pop_ready(self) -> tuple[list[Any], list[tuple[Any, Exception]]]:
         """(requests now holding a matcher in `req.grammar`, (request, error) pairs)."""
         ready, failed, still = [], [], []
-        now = time.monotonic()
         for pending in self.queue:
-            if self.blocking:
-                wait_futures([pending.future], max(pending.deadline_s - now, 0.0))
-            if not pending.future.done():
-                if now >= pending.deadline_s:
+            job = pending.job
+            if self.blocking:  # started by now: the one before it ended or was abandoned
+                left_s = self.timeout_s - job.running_for_s(time.monotonic())
+                wait_futures([job.future], max(left_s, 0.0))
+            if not job.future.done():
+                if job.running_for_s(time.monotonic()) >= self.timeout_s:
+                    self._runner.abandon(job)
                     failed.append((pending.req, self._timeout_error(pending)))
                 else:
                     still.append(pending)
                 continue
-            error = pending.future.exception()
+            error = job.future.exception()
             if error is not None:
-                self._forget_failed(pending.key)
+                self._forget_failed(pending.key, job)
                 failed.append((pending.req, error))
                 continue
-            pending.req.grammar = self.backend.new_grammar(pending.future.result())
+            pending.req.grammar = self.backend.new_grammar(job.future.result())
             ready.append(pending.req)
         self.queue = still
         return ready, failed
@@ -167,22 +172,31 @@ class GrammarManager:
         return reqs
 
     def remove(self, rid: str) -> Any | None:
-        """Take a waiting request out (abort); returns it, or None."""
+        """Take a waiting request out (abort); returns it, or None. Its compile is
+        dropped too if it has not started and no other request waits for it."""
         for i, pending in enumerate(self.queue):
             if pending.req.rid == rid:
                 del self.queue[i]
+                self._drop_if_unwanted(pending)
                 return pending.req
         return None
 
-    def _forget_failed(self, key: GrammarKey) -> None:
+    def _drop_if_unwanted(self, gone: _Pending) -> None:
+        if any(p.job is gone.job for p in self.queue):
+            return
+        if self._runner.cancel(gone.job):
+            self._forget_failed(gone.key, gone.job)
+
+    def _forget_failed(self, key: GrammarKey, job: CompileJob) -> None:
         # Errors are not cached: a transient failure should not stick to the key.
-        self._cache.pop(key, None)
+        if self._cache.get(key) is job:
+            del self._cache[key]
 
     def _timeout_error(self, pending: _Pending) -> Exception:
-        self._cache.pop(pending.key, None)
         return InvalidGrammarError(
             f"compiling the {pending.key.kind} constraint took longer than "
-            f"{self.timeout_s:g} s (SGLANG_GRAMMAR_TIMEOUT)",
+            f"{self.timeout_s:g} s (SGLANG_GRAMMAR_TIMEOUT); it goes on in the "
+            f"background, and a retry after it ends uses its result",
             pending.key.kind,
         )
 
@@ -204,4 +218,4 @@ class GrammarManager:
         return GrammarMask(self.backend, bitmask, rows)
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._runner.shutdown()
