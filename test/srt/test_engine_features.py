@@ -243,6 +243,10 @@ def test_queue_limit_rejects_with_clear_error(engine):
         engine.generate(["x = 1"] * 16, greedy(6))
     out = engine.generate("x = 1", greedy(3))
     assert out["meta_info"]["finish_reason"]["type"] == "length"
+    # More samples than the queue limit (6), not more than it plus the 4 free running
+    # slots: an idle engine takes them all.
+    outs = engine.generate("x = 1", greedy(3, n=9))
+    assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["length"] * 9
 
 
 def test_abort_by_rid_and_stream_close_free_resources(engine):

@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 class SchedulerRequestsMixin:
     waiting_queue: list[Req]
     running: RunningBatch
+    max_running_requests: int
     chunked_req: Req | None
     pending_outputs: list[Req]
     max_queued_requests: int | None
@@ -96,9 +97,15 @@ class SchedulerRequestsMixin:
             self.waiting_queue.append(req)
 
     def refuse_if_queue_full(self, req: Req) -> bool:
-        """With --max-queued-requests reached, `req` ends at once (429); True if so."""
+        """With --max-queued-requests reached, `req` ends at once (429); True if so. The
+        queue counts the requests that must wait: those beyond the free running slots
+        (the samples of one request, or a batch, that an idle server can run at once
+        are never refused as a queue)."""
         limit = self.max_queued_requests
-        if limit is None or len(self.waiting_queue) + self.num_grammar_waiting() < limit:
+        if limit is None:
+            return False
+        free_slots = max(self.max_running_requests - len(self.running), 0)
+        if len(self.waiting_queue) + self.num_grammar_waiting() - free_slots < limit:
             return False
         text = f"The request queue is full (max_queued_requests={limit}); retry later."
         req.finished_reason = finish_abort(text, status_code=OVERLOADED_STATUS)
