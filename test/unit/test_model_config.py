@@ -117,6 +117,36 @@ def test_rope_matches_hf(tmp_path, scaling):
     torch.testing.assert_close(ok.view(4, 2, 16), hk[0].transpose(0, 1))
 
 
+def test_dynamic_rope_matches_hf_generate():
+    """Dynamic NTK: the plain base within max_position_embeddings (every prompt that
+    fits); past it, position p as HF's generate rotates it: with the base for p + 1
+    tokens (HF recomputes the base per forward from the sequence length)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    scaling = {"rope_type": "dynamic", "factor": 4.0}
+    hf_cfg = LlamaConfig(
+        **{k: v for k, v in BASE.items() if k not in ("architectures", "max_position_embeddings")},
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rope_scaling=scaling,
+    )
+    ours = get_rope(16, 256, 10000.0, scaling)
+    assert ours.cos_cache.shape[0] == 1024
+    hf_rope = LlamaRotaryEmbedding(hf_cfg)
+    x = torch.zeros(1, 1, 16)
+    prompt = torch.arange(200)
+    cos, sin = hf_rope(x, prompt[None])  # a prompt that fits
+    torch.testing.assert_close(ours.cos_cache[:200], cos[0, :, :8])
+    torch.testing.assert_close(ours.sin_cache[:200], sin[0, :, :8])
+    for p in (256, 300, 1023):  # a decode step at position p: HF's sequence is p + 1 long
+        hf_rope = LlamaRotaryEmbedding(hf_cfg)
+        cos, sin = hf_rope(x, torch.arange(p + 1)[None])
+        # float32 rounding of p * inv_freq (up to ~1e3 rad here): a few ulps of 1e3
+        torch.testing.assert_close(ours.cos_cache[p], cos[0, p, :8], rtol=0, atol=2e-4)
+        torch.testing.assert_close(ours.sin_cache[p], sin[0, p, :8], rtol=0, atol=2e-4)
+
+
 def test_unsupported_rope_type():
     with pytest.raises(ValueError, match="supported"):
         get_rope(16, 64, 10000.0, {"rope_type": "mystery", "factor": 2.0})

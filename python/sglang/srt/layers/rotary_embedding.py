@@ -26,7 +26,8 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim
         inv_freq, positions = _scaled_inv_freq(rotary_dim, max_position, base, scaling)
-        freqs = torch.outer(positions, inv_freq)  # float32[max_len, rotary_dim / 2]
+        # inv_freq: [rotary_dim / 2], or one row per position ([max_len, rotary_dim / 2])
+        freqs = positions.unsqueeze(1) * inv_freq  # float32[max_len, rotary_dim / 2]
         scale = _attention_factor(scaling)  # yarn scales cos and sin
         self.register_buffer("cos_cache", freqs.cos() * scale, persistent=False)
         self.register_buffer("sin_cache", freqs.sin() * scale, persistent=False)
@@ -109,7 +110,7 @@ def _base_inv_freq(dim: int, base: float) -> torch.Tensor:
 
 
 def _scaled_inv_freq(dim: int, max_position: int, base: float, scaling: dict[str, Any] | None):
-    """(inv_freq float32[dim / 2], positions float32[max_len]) for the scaling type."""
+    """(inv_freq float32[dim / 2] or [max_len, dim / 2], positions float32[max_len])."""
     rope_type = (scaling or {}).get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
@@ -129,11 +130,22 @@ def _scaled_inv_freq(dim: int, max_position: int, base: float, scaling: dict[str
 
 
 def _dynamic_ntk(dim, base, factor, scaling, max_position):
-    """NTK-aware base for a cache of original_max * factor positions (as SGLang builds it)."""
+    """HF's dynamic NTK scaling as its generate applies it, one row per position: the
+    plain base while a sequence fits max_position_embeddings; past it, the token at
+    position p is rotated (and its K cached) with the base HF computes for a sequence of
+    p + 1 tokens. (SGLang and vLLM use the base for the longest sequence at every
+    position, which differs from HF on every prompt.) Rows cover original * factor."""
     original = int(scaling.get("original_max_position_embeddings") or max_position)
     max_len = max(max_position, int(original * factor))
-    scaled_base = base * ((factor * max_len / original) - (factor - 1)) ** (dim / (dim - 2))
-    return _base_inv_freq(dim, scaled_base), torch.arange(max_len, dtype=torch.float32)
+    inv_freq = _base_inv_freq(dim, base).repeat(max_len, 1)  # bitwise HF's in the window
+    # Past it, HF's float32 arithmetic on one 0-d sequence length per forward; done here
+    # for all rows at once, it agrees to float32 rounding (a loop of 0-d ops would be
+    # bitwise, at ~1 s per layer for a 4k context x 4).
+    seq_len = torch.arange(max_position + 1, max_len + 1)
+    scaled = base * ((factor * seq_len / max_position) - (factor - 1)) ** (dim / (dim - 2))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    inv_freq[max_position:] = 1.0 / scaled.unsqueeze(1) ** exponents
+    return inv_freq, torch.arange(max_len, dtype=torch.float32)
 
 
 def _llama3_inv_freq(dim: int, base: float, factor: float, scaling: dict[str, Any]):
