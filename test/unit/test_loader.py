@@ -3,6 +3,8 @@ weights, and the errors a bad checkpoint or model path gives."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -76,6 +78,82 @@ def test_sharded_checkpoint_loads(tmp_path):
     assert len(list(tmp_path.glob("*.safetensors"))) > 1
     ours = _our_last_logits(tmp_path)
     torch.testing.assert_close(ours, hf_logits(hf, PROMPT)[-1], atol=1e-4, rtol=0)
+
+
+def _as_bin_checkpoint(model_dir, model, num_shards: int) -> None:
+    """Rewrite a saved checkpoint as pytorch_model*.bin (transformers 5 writes only
+    safetensors), with pytorch_model.bin.index.json when sharded."""
+    import json
+
+    for f in model_dir.glob("model*.safetensors*"):
+        f.unlink()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    if num_shards == 1:
+        torch.save(state, model_dir / "pytorch_model.bin")
+        return
+    names, weight_map = sorted(state), {}
+    for i in range(num_shards):
+        shard = f"pytorch_model-{i + 1:05d}-of-{num_shards:05d}.bin"
+        part = names[i::num_shards]
+        torch.save({k: state[k] for k in part}, model_dir / shard)
+        weight_map.update({k: shard for k in part})
+    index = {"metadata": {}, "weight_map": weight_map}
+    (model_dir / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_files_beside_the_weights_are_not_loaded(tmp_path, safe):
+    """A Trainer's output dir (training_args.bin, optimizer.pt), a PEFT adapter and
+    Mistral's consolidated copy sit beside the weights; HF loads the model's own only."""
+    hf = _save_hf(tmp_path, _config("llama"))
+    if not safe:
+        _as_bin_checkpoint(tmp_path, hf, num_shards=1)
+    torch.save({"lr": 1.0}, tmp_path / "optimizer.pt")
+    (tmp_path / "training_args.bin").write_bytes(b"a pickle of TrainingArguments")
+    junk = {"base_model.model.lora_A.weight": torch.zeros(2, 2)}
+    if safe:
+        from safetensors.torch import save_file
+
+        save_file(junk, tmp_path / "adapter_model.safetensors")
+        save_file({"tok_embeddings.weight": torch.zeros(2, 2)}, tmp_path / "consolidated.safetensors")
+    else:
+        torch.save(junk, tmp_path / "adapter_model.bin")
+    ours = _our_last_logits(tmp_path)
+    torch.testing.assert_close(ours, hf_logits(hf, PROMPT)[-1], atol=1e-4, rtol=0)
+
+
+def test_sharded_bin_checkpoint_reads_its_index(tmp_path):
+    hf = _save_hf(tmp_path, _config("llama"))
+    _as_bin_checkpoint(tmp_path, hf, num_shards=3)
+    (tmp_path / "training_args.bin").write_bytes(b"a pickle of TrainingArguments")
+    ours = _our_last_logits(tmp_path)
+    torch.testing.assert_close(ours, hf_logits(hf, PROMPT)[-1], atol=1e-4, rtol=0)
+
+
+def test_hub_checkpoint_without_safetensors_fetches_its_bin_files(tmp_path, monkeypatch):
+    """The hub download asks for .bin weights only when the repo has no safetensors,
+    and never for a Trainer's state or an adapter."""
+    import huggingface_hub
+
+    from sglang.srt.model_loader import weight_utils
+
+    repo = {"config.json": b"{}", "pytorch_model.bin": b"w", "training_args.bin": b"t"}
+    asked = []
+
+    def fake_download(repo_id, revision, allow_patterns, ignore_patterns, local_files_only):
+        asked.append(list(allow_patterns))
+        for name, data in repo.items():
+            wanted = any(Path(name).match(p) for p in allow_patterns)
+            if wanted and not any(Path(name).match(p) for p in ignore_patterns):
+                (tmp_path / name).write_bytes(data)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert resolve_model_path("org/bin-only") == tmp_path
+    assert len(asked) == 2 and "*.bin" in asked[1] and "*.bin" not in asked[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "pytorch_model.bin"]
+    assert weight_utils.pt_files(tmp_path) == [tmp_path / "pytorch_model.bin"]
 
 
 def test_dummy_load_format_needs_only_config(tmp_path):

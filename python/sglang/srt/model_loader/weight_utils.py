@@ -15,6 +15,19 @@ if TYPE_CHECKING:  # resolve_model_path runs in the launcher, which does not imp
 logger = logging.getLogger(__name__)
 
 _ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.py"]
+_PT_PATTERNS = ["*.bin", "*.pt"]  # fetched only for a checkpoint without safetensors
+# Files beside the weights that are not the model's: a Trainer's state, a PEFT adapter,
+# Mistral's consolidated copy of the same weights (HF's from_pretrained skips them too).
+_NOT_MODEL_WEIGHTS = (
+    "training_args.bin",
+    "optimizer.pt",
+    "optimizer.bin",
+    "scheduler.pt",
+    "scaler.pt",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "consolidated*",
+)
 
 
 def resolve_model_path(model_path: str, revision: str | None = None) -> Path:
@@ -36,10 +49,20 @@ def _snapshot_download(repo_id: str, revision: str | None) -> Path:
     from huggingface_hub.errors import HFValidationError
 
     offline = _hub_offline()
-    try:
-        local = snapshot_download(
-            repo_id, revision=revision, allow_patterns=_ALLOW_PATTERNS, local_files_only=offline
+
+    def download(patterns: list[str]) -> str:
+        return snapshot_download(
+            repo_id,
+            revision=revision,
+            allow_patterns=patterns,
+            ignore_patterns=list(_NOT_MODEL_WEIGHTS),
+            local_files_only=offline,
         )
+
+    try:
+        local = download(_ALLOW_PATTERNS)
+        if not any(Path(local).glob("*.safetensors")):  # a .bin checkpoint
+            local = download(_ALLOW_PATTERNS + _PT_PATTERNS)
     except HFValidationError as e:
         raise FileNotFoundError(
             f"model path {repo_id!r} is neither a directory nor a hub id"
@@ -71,17 +94,32 @@ def safetensors_files(model_dir: Path) -> list[Path]:
         if missing:
             raise FileNotFoundError(f"{index} lists missing shard(s): {', '.join(missing)}")
         return files
-    files = sorted(model_dir.glob("*.safetensors"))
+    files = _model_weight_files(model_dir, "model.safetensors", ["*.safetensors"])
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
     return files
 
 
 def pt_files(model_dir: Path) -> list[Path]:
-    files = sorted(model_dir.glob("*.bin")) + sorted(model_dir.glob("*.pt"))
+    """The checkpoint's .bin / .pt files, from pytorch_model.bin.index.json when there
+    is one."""
+    index = model_dir / "pytorch_model.bin.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    files = _model_weight_files(model_dir, "pytorch_model.bin", ["*.bin", "*.pt"])
     if not files:
         raise FileNotFoundError(f"no *.bin / *.pt weight files in {model_dir}")
     return files
+
+
+def _model_weight_files(model_dir: Path, canonical: str, patterns: list[str]) -> list[Path]:
+    """The one file HF names (`canonical`) when present, else every file matching
+    `patterns` that is not another program's (a Trainer's state, an adapter, ...)."""
+    if (model_dir / canonical).is_file():
+        return [model_dir / canonical]
+    files = sorted(f for pattern in patterns for f in model_dir.glob(pattern))
+    return [f for f in files if not any(f.match(skip) for skip in _NOT_MODEL_WEIGHTS)]
 
 
 def iterate_weights(files: list[Path], use_safetensors: bool) -> Iterator[tuple[str, torch.Tensor]]:
@@ -122,4 +160,4 @@ def _progress(files: list[Path]):
         return files
     from tqdm import tqdm
 
-    return tqdm(files, desc="Loading safetensors shards", unit="file")
+    return tqdm(files, desc="Loading checkpoint shards", unit="file")
