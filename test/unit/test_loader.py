@@ -156,6 +156,27 @@ def test_hub_checkpoint_without_safetensors_fetches_its_bin_files(tmp_path, monk
     assert weight_utils.pt_files(tmp_path) == [tmp_path / "pytorch_model.bin"]
 
 
+@pytest.mark.parametrize("field, value", [("hidden_act", "gelu"), ("mlp_bias", True)])
+def test_an_mlp_we_do_not_run_is_refused_by_name(tmp_path, field, value):
+    """Not silently run as SiLU without biases (the logits would be wrong)."""
+    config = _config("llama")
+    setattr(config, field, value)
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=field):
+        get_model(ModelConfig(str(tmp_path)), "cpu", "dummy")
+
+
+def test_gemma3_ignores_attn_logit_softcapping_as_hf_does(tmp_path):
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(**SMALL, head_dim=16, attn_logit_softcapping=2.0,
+                              sliding_window=4, initializer_range=0.2)  # fmt: skip
+    config.architectures = ["Gemma3ForCausalLM"]
+    hf = _save_hf(tmp_path, config)
+    ours = _our_last_logits(tmp_path)
+    torch.testing.assert_close(ours, hf_logits(hf, PROMPT)[-1], atol=1e-4, rtol=0)
+
+
 def test_dummy_load_format_needs_only_config(tmp_path):
     _config("llama").save_pretrained(tmp_path)
     logits = _our_last_logits(tmp_path, load_format="dummy")

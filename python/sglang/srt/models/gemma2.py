@@ -58,6 +58,8 @@ class GemmaMLP(nn.Module):
 
 class Gemma2Attention(nn.Module):
     qk_norm = False  # Gemma 3 sets True
+    attn_softcap = True  # Gemma 3 keeps attn_logit_softcapping in its config but, as in
+    # HF's Gemma3Attention, does not apply it
 
     def __init__(
         self, config: ModelConfig, layer_id: int, tp: dict[str, int], rotary_emb: RotaryEmbedding
@@ -90,7 +92,7 @@ class Gemma2Attention(nn.Module):
             self.num_kv_heads,
             layer_id,
             sliding_window_size=config.layer_windows[layer_id],
-            logit_cap=raw.get("attn_logit_softcapping"),
+            logit_cap=raw.get("attn_logit_softcapping") if self.attn_softcap else None,
         )
 
     def forward(

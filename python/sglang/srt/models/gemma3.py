@@ -22,6 +22,7 @@ _DEFAULT_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 
 class Gemma3Attention(Gemma2Attention):
     qk_norm = True
+    attn_softcap = False
 
 
 class Gemma3DecoderLayer(Gemma2DecoderLayer):

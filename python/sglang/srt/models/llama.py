@@ -29,9 +29,25 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
+def check_silu_mlp(config: ModelConfig) -> None:
+    """The gated MLP here (and the fused decode layers) is SiLU without biases: a config
+    asking for another activation or for MLP biases is refused by name, not run wrong."""
+    act = config.raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(
+            f"hidden_act={act!r} in config.json is not supported for "
+            f"{config.architectures[0]} (supported: 'silu')"
+        )
+    if config.raw.get("mlp_bias"):
+        raise ValueError(
+            f"mlp_bias=true in config.json is not supported for {config.architectures[0]}"
+        )
+
+
 class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig, tp: dict[str, int]) -> None:
         super().__init__()
+        check_silu_mlp(config)
         h, i = config.hidden_size, config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=False, **tp)
         self.down_proj = RowParallelLinear(i, h, bias=False, **tp)

@@ -10,7 +10,12 @@ from torch import nn
 
 from sglang.srt.layers.moe import moe_block_from_config
 from sglang.srt.model_loader.weight_mapping import load_stacked_weights
-from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from sglang.srt.models.llama import (
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+    check_silu_mlp,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.configs.model_config import ModelConfig
@@ -18,6 +23,7 @@ if TYPE_CHECKING:
 
 class MixtralDecoderLayer(LlamaDecoderLayer):
     def make_mlp(self, config: ModelConfig, layer_id: int, tp: dict[str, int]) -> nn.Module:
+        check_silu_mlp(config)  # its experts are SiLU gated MLPs
         return moe_block_from_config(config, tp, renormalize=True)  # Mixtral always renormalises
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from sglang.srt.layers.moe import moe_block_from_config
 from sglang.srt.model_loader.weight_mapping import load_stacked_weights
-from sglang.srt.models.llama import LlamaMLP
+from sglang.srt.models.llama import LlamaMLP, check_silu_mlp
 from sglang.srt.models.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM, Qwen3Model
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ def is_sparse_layer(config: ModelConfig, layer_id: int) -> bool:
 class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
     def make_mlp(self, config: ModelConfig, layer_id: int, tp: dict[str, int]) -> nn.Module:
         if is_sparse_layer(config, layer_id):
+            check_silu_mlp(config)  # the experts are SiLU gated MLPs too
             return moe_block_from_config(config, tp, renormalize=config.norm_topk_prob)
         return LlamaMLP(config, tp)
 
