@@ -293,9 +293,15 @@ def test_server_info_flush_cache_and_weight_update(engine, tiny_llama_dir):
         assert key in state
     assert engine.flush_cache() is True
     assert engine.get_server_info()["internal_states"][0]["cached_kv_tokens"] == 0
-    ok, _ = engine.update_weights_from_disk(str(tiny_llama_dir))
+    expected = engine.generate(PROMPT, greedy(4))["output_ids"]
+    ok, _ = engine.update_weights_from_disk(str(tiny_llama_dir), load_format="dummy")
+    assert ok and engine.get_server_info()["load_format"] == "dummy"
+    ok, _ = engine.update_weights_from_disk(str(tiny_llama_dir))  # no format: "auto"
     assert ok
-    assert engine.get_server_info()["internal_states"][0]["model_path"] == str(tiny_llama_dir)
+    info = engine.get_server_info()
+    assert info["internal_states"][0]["model_path"] == str(tiny_llama_dir)
+    assert info["load_format"] == info["internal_states"][0]["load_format"] == "auto"
+    assert engine.generate(PROMPT, greedy(4))["output_ids"] == expected  # the real weights
     bad, message = engine.update_weights_from_disk("/nonexistent/model")
     assert not bad and message
 

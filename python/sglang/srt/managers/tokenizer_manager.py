@@ -654,9 +654,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         if not out.success and any(o.success for o in outs):
             return False, await self._roll_back_update(previous, out.message)
         if out.success:
-            fields: dict[str, Any] = {"model_path": model_path}
-            if load_format is not None:
-                fields["load_format"] = load_format
+            # the runner loads with "auto" when none is given (not the one before)
+            fields = {"model_path": model_path, "load_format": load_format or "auto"}
             self.record_config_updates("update_weights_from_disk", **fields)
             self.model_path = model_path
         return out.success, out.message

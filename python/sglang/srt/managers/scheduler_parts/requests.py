@@ -202,9 +202,8 @@ class SchedulerRequestsMixin:
         else:
             ok, text = self.tp_worker.update_weights_from_disk(msg.model_path, msg.load_format)
         if ok:
-            fields: dict[str, Any] = {"model_path": msg.model_path}
-            if msg.load_format is not None:
-                fields["load_format"] = msg.load_format
+            # the runner loads with "auto" when none is given (not the one before)
+            fields = {"model_path": msg.model_path, "load_format": msg.load_format or "auto"}
             get_context().override("update_weights_from_disk", **fields)
             self.tree_cache.reset()
             self.allocator.clear()
