@@ -133,6 +133,7 @@ def test_no_model_path_serves_demo(monkeypatch, tmp_path):
         ({"attention_backend": "flashinfer"}, "attention_backend"),
         ({"tp_size": 2, "ep_size": 3}, "ep_size"),
         ({"speculative_algorithm": "MEDUSA"}, "speculative_algorithm"),
+        ({"watchdog_timeout": float("nan")}, "watchdog_timeout"),  # would turn it off
     ],
 )
 def test_validation_names_field(fields, name):

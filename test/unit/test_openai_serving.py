@@ -316,6 +316,18 @@ def test_too_long_prompt_is_400(client, tm):
         assert response.status_code == 400
 
 
+def test_a_forced_calls_schema_error_names_tools():
+    """Under tool_choice "required" / named, the runtime compiles a json_schema built
+    from `tools`: its errors name `tools`, not a field the client never sent."""
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.sampling import openai_param
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for choice, param in (("required", "tools"), ("auto", "json_schema"), (None, "json_schema")):
+        request = ChatCompletionRequest(**chat_body(tools=tools, tool_choice=choice))
+        assert openai_param(request, "sampling_params.json_schema") == param, choice
+
+
 def test_context_overflow_names_max_tokens(client, tm):
     """The runtime's native names (max_new_tokens) become the route's (max_tokens)."""
     body = {"model": MODEL, "prompt": "abc", "max_tokens": tm.context_len}

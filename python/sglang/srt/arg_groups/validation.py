@@ -75,8 +75,9 @@ def _check_ranges(c: Any) -> None:
     if size is not None and size != -1 and size < 1:
         raise ValueError(f"chunked_prefill_size={size!r} is not accepted; use -1 (off) or >= 1")
     for name in ("watchdog_timeout", "schedule_conservativeness"):
-        if getattr(c, name) is not None and getattr(c, name) <= 0:
-            raise ValueError(f"{name}={getattr(c, name)!r} is not accepted; it must be > 0")
+        value = getattr(c, name)
+        if value is not None and not value > 0:  # NaN too (it would turn the check off)
+            raise ValueError(f"{name}={value!r} is not accepted; it must be > 0")
 
 
 def _check_topology(c: Any) -> None:

@@ -65,9 +65,18 @@ def openai_param(request: SamplingFields, native_path: str) -> str:
     name = native_path.removeprefix("sampling_params.")
     if name in ("json_schema", "structural_tag") and request.response_format is not None:
         return "response_format"
+    if name == "json_schema" and _calls_constrained(request):  # the calls' schema
+        return "tools"
     if name in ("text", "input_ids"):  # the prompt the route built them from
         return "messages" if hasattr(request, "messages") else "prompt"
     return _OPENAI_NAMES.get(name, name)
+
+
+def _calls_constrained(request: SamplingFields) -> bool:
+    """A chat request whose tool calls are forced (tool_choice "required" or a named
+    function): its json_schema is built from `tools`."""
+    choice = getattr(request, "tool_choice", None)
+    return bool(getattr(request, "tools", None)) and choice not in (None, "auto", "none")
 
 
 def openai_message(message: str) -> str:
