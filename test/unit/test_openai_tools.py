@@ -303,6 +303,15 @@ def test_required_cut_short_is_text_with_finish_length(serve):
     assert "tool_calls" not in choice["message"]
 
 
+def test_required_stream_cut_before_a_call_is_text(serve):
+    """Cut off before a first call could be sent: the stream gives the text as content,
+    as the non-stream answer does (nothing is lost)."""
+    client = serve(make_tm(REQUIRED_OUT))
+    events = stream_events(client, tools=TOOLS, tool_choice="required", max_tokens=8)
+    assert joined(events, "content") == REQUIRED_OUT[:8]
+    assert streamed_calls(events) == [] and finish_of(events) == "length"
+
+
 # --- bad tools / tool_choice: 400 naming the field, and the server keeps serving --------------
 
 

@@ -220,6 +220,7 @@ class ChoiceOutputStream:
     _reasoning: Any = None
     _calls: Any = None
     _ids: dict[int, str] = field(default_factory=dict)  # tool_index -> call id
+    _call_text: str = ""  # forced calls' text so far (sent as content if no call came)
 
     def __post_init__(self) -> None:
         if self.plan.reasoning_parser is not None:
@@ -246,12 +247,17 @@ class ChoiceOutputStream:
         if self._calls is not None and self.plan.tool_mode == "auto":
             held = self._calls.finish_stream()
             content, items = content + held.normal_text, items + list(held.calls)
-        return self._deltas(reasoning, content, items)
+        deltas = self._deltas(reasoning, content, items)
+        if self.plan.tool_mode == "constrained" and not self._ids and self._call_text:
+            # cut off (max_tokens) before a first call: the text, as without streaming
+            deltas.append(DeltaMessage(content=self._call_text))
+        return deltas
 
     def _read_calls(self, text: str) -> tuple[str, list[Any]]:
         if self._calls is None or not text:
             return text, []
         if self.plan.tool_mode == "constrained":
+            self._call_text += text
             return "", self._calls.feed(text)
         result = self._calls.parse_stream_chunk(text)
         return result.normal_text, list(result.calls)
