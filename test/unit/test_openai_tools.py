@@ -209,6 +209,34 @@ def test_auto_stream_sends_content_then_name_then_arguments(serve):
     assert "<tool_call>" not in joined(events, "content")
 
 
+TWO_QWEN_CALLS = QWEN_CALL + (
+    '\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_keeps_one_call(serve, stream):
+    client = serve(make_tm(TWO_QWEN_CALLS, tool_call_parser="qwen25"))
+    if stream:
+        names = [c["name"] for c in streamed_calls(stream_events(client, tools=TOOLS))]
+        single = [c["name"] for c in streamed_calls(
+            stream_events(client, tools=TOOLS, parallel_tool_calls=False))]  # fmt: skip
+    else:
+        names = [c["function"]["name"] for c in
+                 chat(client, tools=TOOLS).json()["choices"][0]["message"]["tool_calls"]]
+        single = [c["function"]["name"] for c in chat(client, tools=TOOLS,
+                  parallel_tool_calls=False).json()["choices"][0]["message"]["tool_calls"]]  # fmt: skip
+    assert names == ["get_weather", "get_time"] and single == ["get_weather"]
+
+
+def test_parallel_tool_calls_false_caps_forced_calls_at_one(serve):
+    tm = make_tm(REQUIRED_OUT)
+    client = serve(tm)
+    chat(client, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    schema = json.loads(tm.requests[-1].sampling_params["json_schema"])
+    assert schema == {**tool_call_schema(TOOLS, "required"), "maxItems": 1}
+
+
 def test_auto_without_a_call_is_plain_content(serve):
     client = serve(make_tm("Just text.", tool_call_parser="qwen25"))
     choice = chat(client, tools=TOOLS).json()["choices"][0]

@@ -59,6 +59,7 @@ class ChatOutputPlan:
     tool_mode: ToolMode = "none"
     tool_call_parser: str | None = None  # "auto" with no parser: the text is content
     tools: tuple[dict[str, Any], ...] = ()
+    single_call: bool = False  # parallel_tool_calls false: calls after the first are dropped
 
     @property
     def parses_calls(self) -> bool:
@@ -103,7 +104,7 @@ def parse_calls(plan: ChatOutputPlan, text: str) -> tuple[list[Any], str]:
     if not plan.parses_calls:
         return [], text
     normal_text, items = plan.call_parser().parse_non_stream(text)
-    return list(items), normal_text
+    return [i for i in items if not plan.single_call or i.tool_index == 0], normal_text
 
 
 def _full_call(item: Any) -> ToolCall:
@@ -137,6 +138,7 @@ def plan_output(
         tool_mode=mode,
         tool_call_parser=tool_call_parser,
         tools=tuple(tool_dicts(request)),
+        single_call=not request.parallel_tool_calls,
     )
 
 
@@ -191,7 +193,7 @@ def call_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
         return None
     choice = choice_value(request)
     schema = tool_call_schema(tool_dicts(request), choice)
-    if isinstance(choice, dict):
+    if isinstance(choice, dict) or not request.parallel_tool_calls:
         schema = {**schema, "maxItems": 1}  # a named function is called once, as in SGLang
     return schema
 
@@ -246,7 +248,8 @@ class ChoiceOutputStream:
         content, items = self._read_calls(rest)
         if self._calls is not None and self.plan.tool_mode == "auto":
             held = self._calls.finish_stream()
-            content, items = content + held.normal_text, items + list(held.calls)
+            kept = [c for c in held.calls if not self.plan.single_call or c.tool_index == 0]
+            content, items = content + held.normal_text, items + kept
         deltas = self._deltas(reasoning, content, items)
         if self.plan.tool_mode == "constrained" and not self._ids and self._call_text:
             # cut off (max_tokens) before a first call: the text, as without streaming
@@ -260,7 +263,8 @@ class ChoiceOutputStream:
             self._call_text += text
             return "", self._calls.feed(text)
         result = self._calls.parse_stream_chunk(text)
-        return result.normal_text, list(result.calls)
+        calls = [c for c in result.calls if not self.plan.single_call or c.tool_index == 0]
+        return result.normal_text, calls
 
     def _deltas(self, reasoning: str, content: str, items: list[Any]) -> list[DeltaMessage]:
         out = [DeltaMessage(reasoning_content=reasoning)] if reasoning else []

@@ -278,6 +278,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: strict(int, ge=0, le=MAX_OPENAI_TOP_LOGPROBS) | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None  # default: "auto" with tools, else "none"
+    parallel_tool_calls: Flag = True  # false: at most one call per choice
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: Flag = False
     # SGLang extras: with a reasoning parser, split the <think> part into
