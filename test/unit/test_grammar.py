@@ -366,3 +366,41 @@ def test_free_json_whitespace_is_bounded(tokenizer):
     compact = XGrammarBackend(tokenizer, MODEL_VOCAB, [eos], any_whitespace=False)
     strict = compact.new_grammar(compact.compile(GrammarKey("json_schema", json.dumps(SCHEMA))))
     assert strict.accept_token(brace) and not strict.accept_token(newline)
+
+
+# --- schemas the backend would compile but not enforce --------------------------------------
+
+UNENFORCEABLE = {
+    "not": {"not": {"type": "string"}},
+    "allOf": {"allOf": [{"type": "integer"}, {"minimum": 100}]},
+    "if": {"type": "object", "properties": {"a": {"type": "integer"}},
+           "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["a"]}},
+    "dependentRequired": {"type": "object", "properties": {"a": {}, "b": {}},
+                          "dependentRequired": {"a": ["b"]}},
+    "uniqueItems": {"type": "object", "properties": {"tags": {
+        "type": "array", "items": {"type": "integer"}, "uniqueItems": True}}},
+    "contains": {"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}},
+    "required": {"type": "object", "required": ["a"]},
+}  # fmt: skip
+ENFORCEABLE = [
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {"allOf": [{"$ref": "#/$defs/x"}], "$defs": {"x": {"type": "integer"}}},
+    {"type": "array", "items": {"type": "integer"}, "uniqueItems": False},
+    {"type": "object", "required": ["a"], "additionalProperties": {"type": "integer"}},
+    {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"if": {"type": "string"}}}]},
+]
+
+
+@pytest.mark.parametrize("name", list(UNENFORCEABLE))
+def test_a_schema_the_backend_ignores_part_of_is_refused(backend, name):
+    """Compiled as is, xgrammar would accept documents that break these schemas (the
+    output would end "stop" and not validate): a 400 naming json_schema instead."""
+    key = GrammarKey("json_schema", json.dumps(UNENFORCEABLE[name]))
+    with pytest.raises(InvalidGrammarError, match="cannot be enforced") as info:
+        backend.compile(key)
+    assert info.value.param == "json_schema"
+
+
+@pytest.mark.parametrize("schema", ENFORCEABLE)
+def test_enforceable_schemas_still_compile(backend, schema):
+    backend.compile(GrammarKey("json_schema", json.dumps(schema)))

@@ -24,6 +24,7 @@ from sglang.srt.constrained.base import (
     GrammarKey,
     InvalidGrammarError,
 )
+from sglang.srt.constrained.json_schema_support import unsupported_feature
 
 # Longest whitespace run allowed between JSON tokens (with free whitespace on): room for
 # pretty-printing several levels deep, yet a weak model cannot fill its whole output
@@ -77,6 +78,7 @@ class XGrammarBackend(GrammarBackend):
 
     def _compile(self, key: GrammarKey) -> xgr.CompiledGrammar:
         if key.kind == JSON_SCHEMA:
+            _refuse_unenforceable(key)
             # Any object: not strict, so it may hold any properties (strict mode would
             # default additionalProperties to false: only "{}").
             return self.compiler.compile_json_schema(
@@ -125,3 +127,16 @@ def _first_line(exc: Exception) -> str:
     if "] " in text and ".cc:" in text:
         text = text.split(".cc:", 1)[1].split(": ", 1)[-1]
     return text
+
+
+def _refuse_unenforceable(key: GrammarKey) -> None:
+    """A schema the backend would compile but not enforce: refused, naming why."""
+    if key.text == ANY_JSON_OBJECT:
+        return
+    try:
+        schema = json.loads(key.text)
+    except ValueError:
+        return  # not JSON: the compiler's own error says so
+    reason = unsupported_feature(schema)
+    if reason is not None:
+        raise InvalidGrammarError(f"the JSON schema cannot be enforced: {reason}", key.kind)
