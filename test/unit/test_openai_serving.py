@@ -495,7 +495,8 @@ def test_health_503_when_scheduler_does_not_answer(client, tm, monkeypatch):
 
     monkeypatch.setattr(tm, "get_internal_state", hang)
     with envs.SGLANG_HEALTH_TIMEOUT.override(0.05):
-        assert client.get("/health").status_code == 503
+        stuck = client.get("/health")
+        assert stuck.status_code == 503 and stuck.json() == {"status": "unhealthy"}
         monkeypatch.setattr(tm, "scheduler_busy_for_s", lambda: 30.0)  # a long prefill
         assert client.get("/health").status_code == 200
         monkeypatch.setattr(tm, "scheduler_busy_for_s", lambda: None)

@@ -204,9 +204,11 @@ async def retrieve_model(model_id: str, raw_request: Request) -> ModelCard:
 async def health(raw_request: Request) -> Response:
     """200 when ready, every child alive, and the scheduler answers between its steps."""
     state = server_state(raw_request)
-    healthy = state.is_healthy() and await _scheduler_answers(state.tokenizer_manager)
-    status_code = 200 if healthy else 503
-    return JSONResponse({"status": state.status.value}, status_code=status_code)
+    if not state.is_healthy():
+        return JSONResponse({"status": state.status.value}, status_code=503)
+    if not await _scheduler_answers(state.tokenizer_manager):  # ready, yet stuck
+        return JSONResponse({"status": "unhealthy"}, status_code=503)
+    return JSONResponse({"status": state.status.value})
 
 
 async def _scheduler_answers(tokenizer_manager: Any) -> bool:
