@@ -149,8 +149,10 @@ def test_outputs_match_across_configurations(tiny_llama_dir, prompts, reference,
 
 
 def test_abort_at_every_stage_and_stream_interval(tiny_llama_dir, prompts):
+    # 2 running slots and a queue of 1 beyond them: the 4th arrival finds it full
     sched, ctx = make_scheduler(
-        str(tiny_llama_dir), chunked_prefill_size=8, stream_interval=2, max_queued_requests=3
+        str(tiny_llama_dir), chunked_prefill_size=8, stream_interval=2, max_queued_requests=1,
+        max_running_requests=2,
     )
     q = sched.recv_from_tokenizer
     try:
