@@ -24,7 +24,8 @@ from sglang.test.soak import KINDS, SoakConfig, run_soak
 
 pytestmark = pytest.mark.slow
 
-MAX_QUEUED = 16  # small: the bursts and the 64 workers overflow it
+MAX_QUEUED = 16  # small: the bursts and the 64 workers overflow it (with the running
+MAX_RUNNING = 32  # slots: the queue counts the requests beyond the free ones)
 MAX_TOTAL_TOKENS = 8192  # small: the warm-up touches the whole KV pool and the radix cache fills
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
@@ -34,6 +35,7 @@ def server(tiny_llama_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("soak-server")
     srv = start_server(tiny_llama_dir, workdir / "server.log",
                        "--max-queued-requests", str(MAX_QUEUED),
+                       "--max-running-requests", str(MAX_RUNNING),
                        "--max-total-tokens", str(MAX_TOTAL_TOKENS), env=MALLOC_ENV)  # fmt: skip
     yield srv
     srv.stop()
