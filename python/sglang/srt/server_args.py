@@ -199,6 +199,7 @@ def _add_field(group: Any, f: dataclasses.Field, hint: Any) -> None:
     note = support_note(f)
     if note:
         help_text = f"{help_text} {note}"
+    help_text = help_text.replace("%", "%%")  # argparse %-formats help ("10-17% at 64")
     if _cli_type(hint) is bool:
         group.add_argument(flag_of(f.name), action="store_true", help=help_text)
         return
