@@ -411,3 +411,21 @@ def test_a_prompt_prefilled_in_part_yields_its_kv_to_running_requests(
         assert out["ids"] == ref["ids"], i
         if i % 2:
             assert_same_input_logprobs(out["input"], ref["input"])
+
+
+def test_throughput_window_starts_with_the_first_batch_after_idle(tiny_llama_dir, prompts):
+    """An idle gap is not counted into the next gen_throughput window (it read 0.1 tok/s
+    while decoding, after a pause)."""
+    import time
+
+    sched, ctx = make_scheduler(str(tiny_llama_dir))
+    try:
+        sched.recv_from_tokenizer.send(request("a", prompts[0]))
+        run_until_idle(sched)
+        sched._tput_t0 -= 100.0  # as if the server had idled for 100 s since
+        sched.recv_from_tokenizer.send(request("b", prompts[1], max_new=3))
+        sched.step()
+        assert time.perf_counter() - sched._tput_t0 < 10.0
+        run_until_idle(sched)
+    finally:
+        ctx.restore()

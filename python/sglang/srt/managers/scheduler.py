@@ -203,6 +203,8 @@ class Scheduler(
         self.admit_compiled_grammars(block_s=IDLE_POLL_MS / 1e3 if self._only_compiling() else 0)
         batch = self.get_next_batch_to_run()
         if batch is not None:
+            if self._checked_idle:  # the first batch after idle: the idle time is no window's
+                self._tput_tokens, self._tput_t0 = 0, time.perf_counter()
             self.forward_clock.start()
             try:
                 self.run_contained(batch)
