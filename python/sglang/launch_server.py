@@ -25,7 +25,7 @@ def build_launch_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sglang.srt.entrypoints.http_server import launch_server
+    from sglang.srt.entrypoints.engine import ChildStartupError
     from sglang.srt.server_args import server_args_from_namespace
 
     logging.basicConfig(
@@ -36,6 +36,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_launch_parser()
     namespace = parser.parse_args(sys.argv[1:] if argv is None else argv)
     server_args = server_args_from_namespace(parser, namespace)
+    try:
+        return _launch(parser, namespace, server_args)
+    except (ValueError, FileNotFoundError) as exc:  # the flags' resolution refused them
+        parser.error(str(exc))
+    except ChildStartupError as exc:  # the child printed its traceback; here its last line
+        logging.getLogger("sglang.launch_server").error("%s", _summary(exc))
+        return 1
+
+
+def _launch(parser: argparse.ArgumentParser, namespace: argparse.Namespace, server_args) -> int:
+    from sglang.srt.entrypoints.http_server import launch_server
+
     if not namespace.use_ray:
         return launch_server(server_args)
     from sglang.srt.entrypoints.ray_engine import launch_server_on_ray, require_ray
@@ -45,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         parser.error(f"--use-ray: {exc}")
     return launch_server_on_ray(server_args)
+
+
+def _summary(exc: BaseException) -> str:
+    """'The scheduler process failed to start: ValueError: ...' (the traceback's last line)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return str(exc)
+    return f"{lines[0].rstrip(':')}: {lines[-1].strip()}"
 
 
 if __name__ == "__main__":

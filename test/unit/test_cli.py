@@ -74,3 +74,25 @@ def test_help_exits_0_and_lists_groups():
     assert "exec.kernel options" in proc.stdout
     assert "option_strings" not in proc.stdout  # a help with "%" printed argparse's dict
     assert "loses 10-17% at 64" in " ".join(proc.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--context-length", "100000"], "context_length"),  # the demo model's is 512
+        (["--model-path", "{empty}"], "model_path"),  # a directory without config.json
+        (["--tokenizer-path", "/nonexistent/tok"], "tokenizer_path"),
+        (["--attention-backend", "triton", "--device", "cpu"], "attention_backend"),
+    ],
+)
+def test_flags_refused_at_resolution_exit_2_with_one_line(tmp_path, argv, field):
+    """Found while resolving (after parsing), still argparse's exit 2 and one line naming
+    the field: no traceback, no child started."""
+    argv = [a.replace("{empty}", str(tmp_path)) for a in argv]
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--port", "34098", *argv],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"error: {field}" in proc.stderr or f"error: {field}=" in proc.stderr

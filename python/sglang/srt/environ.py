@@ -146,6 +146,13 @@ class Envs:
         "Seconds /health waits for the scheduler to answer before it answers 503 "
         "(a scheduler that produced output within this window counts as answering).",
     )
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN = EnvVar(
+        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN",
+        "bool",
+        False,
+        "Accept a --context-length longer than the model's max_position_embeddings "
+        "(refused otherwise, as in SGLang).",
+    )
     SGLANG_GRAMMAR_TIMEOUT = EnvVar(
         "SGLANG_GRAMMAR_TIMEOUT",
         "float",

@@ -22,6 +22,7 @@ from sglang.srt.arg_groups.attention_support import (
     default_attention_backend,
 )
 from sglang.srt.arg_groups.spec import DRAFT_MODEL_ALGORITHMS
+from sglang.srt.environ import envs
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def resolve_device(c: Any) -> Resolved:
 def resolve_model_path(c: Any) -> Resolved:
     if c.model_path is not None:
         check_local_path_exists("model_path", c.model_path)
+        check_checkpoint_dir("model_path", c.model_path)
         return None
     from sglang.demo_models import demo_target_path
 
@@ -78,8 +80,20 @@ def check_local_path_exists(name: str, path: str) -> None:
         raise ValueError(f"{name}: local path {path!r} does not exist")
 
 
+def check_checkpoint_dir(name: str, path: str) -> None:
+    """A local directory must be a Hugging Face checkpoint (found here, in the launcher,
+    not by a child failing to read a tokenizer from it)."""
+    local = Path(os.path.expanduser(path))
+    if local.is_dir() and not (local / "config.json").is_file():
+        raise ValueError(
+            f"{name}: {path!r} holds no config.json (a Hugging Face checkpoint directory "
+            f"is expected)"
+        )
+
+
 def resolve_tokenizer_path(c: Any) -> Resolved:
     if c.tokenizer_path is not None:
+        check_local_path_exists("tokenizer_path", c.tokenizer_path)
         return None
     return "tokenizer_from_model", {"tokenizer_path": c.model_path}
 
@@ -108,11 +122,25 @@ def _context_from_config(config: dict[str, Any]) -> int | None:
 
 def resolve_context_length(c: Any) -> Resolved:
     if c.context_length is not None:
+        _check_context_length(c.context_length, read_hf_config(c.model_path))
         return None
     config = read_hf_config(c.model_path)
     value = _context_from_config(config) if config else None
     # Left None when unknown (e.g. a hub id): the model loader fills it.
     return ("hf_config", {"context_length": value}) if value is not None else None
+
+
+def _check_context_length(asked: int, config: dict[str, Any] | None) -> None:
+    """Here in the launcher, the check the model's config repeats in the scheduler."""
+    model_len = _context_from_config(config) if config else None
+    if model_len is None or asked <= model_len:
+        return
+    if not envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get():
+        raise ValueError(
+            f"context_length={asked} is longer than the model's {model_len} "
+            f"(max_position_embeddings in config.json); set "
+            f"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 to allow it"
+        )
 
 
 def _config_dtype(config: dict[str, Any] | None) -> str:

@@ -17,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sglang.srt.environ import envs
 from sglang.srt.model_loader.weight_utils import resolve_model_path
 
 if TYPE_CHECKING:
@@ -57,7 +58,10 @@ class ModelConfig:
         dtype: str | torch.dtype = "auto",
         revision: str | None = None,
         trust_remote_code: bool = False,
+        longer_context_ok: bool = False,
     ) -> None:
+        """`longer_context_ok`: a context_length past the model's is the caller's choice
+        (a draft runs at its target's), not the operator's (refused unless allowed)."""
         self.model_path = str(resolve_model_path(model_path, revision))
         self.revision = revision
         self.raw = _read_json(Path(self.model_path) / "config.json")
@@ -70,7 +74,8 @@ class ModelConfig:
         self.layer_types: list[str] = _layer_types(self.raw, self.num_hidden_layers)
         self.layer_windows: list[int | None] = _layer_windows(self.raw, self.layer_types)
         self.dtype_name: str = _resolve_dtype_name(dtype, self.raw)
-        self.context_len = _cap_to_sliding_window(self.raw, _context_len(self.raw, context_length))
+        context = _context_len(self.raw, context_length, longer_context_ok)
+        self.context_len = _cap_to_sliding_window(self.raw, context)
         self.eos_token_ids = _eos_token_ids(Path(self.model_path), self.raw)
 
     @classmethod
@@ -196,11 +201,17 @@ def _resolve_dtype_name(dtype: str | torch.dtype | None, raw: dict[str, Any]) ->
     return _DTYPES[dtype]
 
 
-def _context_len(raw: dict[str, Any], override: int | None) -> int:
+def _context_len(raw: dict[str, Any], override: int | None, longer_ok: bool) -> int:
     derived = next((int(raw[k]) for k in _CONTEXT_KEYS if raw.get(k)), 2048)
     if override is None:
         return derived
     if override > derived:
+        if not (longer_ok or envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get()):
+            raise ValueError(
+                f"context_length={override} is longer than the model's {derived} "
+                f"(max_position_embeddings in config.json); positions past it were never "
+                f"trained. Set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 to allow it"
+            )
         logger.warning("context_length %d exceeds the model's %d", override, derived)
     return int(override)
 

@@ -99,6 +99,7 @@ class SchedulerSpeculativeMixin:
             spec.speculative_draft_model_path,
             context_length=target.context_len,
             dtype=target_config.dtype,
+            longer_context_ok=True,  # the draft runs at its target's context
         )
         if draft_config.vocab_size > target_config.vocab_size:
             raise ValueError(
