@@ -96,3 +96,19 @@ def test_flags_refused_at_resolution_exit_2_with_one_line(tmp_path, argv, field)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert f"error: {field}" in proc.stderr or f"error: {field}=" in proc.stderr
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "sglang.launch_server", "--port", str(port)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert "KV pool" not in proc.stderr  # no child started, no model loaded

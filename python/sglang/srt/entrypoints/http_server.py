@@ -20,6 +20,7 @@ import enum
 import hmac
 import logging
 import signal
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -494,6 +495,21 @@ async def serve_app(app: FastAPI) -> int:
     return server.state.exit_code
 
 
+def _check_address_free(host: str, port: int) -> None:
+    """ValueError naming host/port when the HTTP server could not listen there (taken,
+    or a host that does not resolve). Bound as uvicorn binds (SO_REUSEADDR) and closed:
+    a port taken in between is still refused by uvicorn itself."""
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM
+        ):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+    except OSError as exc:
+        raise ValueError(f"host/port: cannot listen on {host}:{port}: {exc}") from None
+
+
 def _run_event_loop(main: Any) -> int:
     try:
         import uvloop
@@ -540,6 +556,10 @@ def launch_server(server_args: Any, placement_group: Any = None) -> int:
         logger.info("node %d of %d: scheduler ranks only, no HTTP server", node_rank, nnodes)
         with _signals_exit_cleanly():
             return run_worker_node(server_args)
+    # before minutes of model loading, not after
+    _check_address_free(
+        resolution_result(server_args, "host"), resolution_result(server_args, "port")
+    )
     with _signals_exit_cleanly():
         tokenizer_manager, children = _launch_subprocesses(server_args, placement_group)
     _apply_log_level()
