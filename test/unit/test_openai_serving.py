@@ -453,6 +453,9 @@ def test_api_key(tm):
         assert client.get("/v1/models", headers=wrong).status_code == 401
         right = {"Authorization": "Bearer sekret"}
         assert client.get("/v1/models", headers=right).status_code == 200
+        tm.config["api_key"] = "sekret"  # as the real readback holds it
+        info = client.get("/server_info", headers=right).json()
+        assert info["api_key"] == "<set>" and "sekret" not in str(info)
 
 
 def test_openai_client(client):

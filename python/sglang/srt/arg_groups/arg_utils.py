@@ -79,8 +79,11 @@ def support_note(f: dataclasses.Field) -> str:
     meta = f.metadata
     parts = []
     noop = meta.get("noop_on") or {}
-    for device, why in noop.items():
-        parts.append(f"No effect on {device} ({why}); accepted with a warning.")
+    by_reason: dict[str, list[str]] = {}
+    for device, why in noop.items():  # devices sharing a reason named together
+        by_reason.setdefault(why, []).append(device)
+    for why, devices in by_reason.items():
+        parts.append(f"No effect on {' or '.join(devices)} ({why}); accepted with a warning.")
     issue = meta.get("unsupported")
     if issue is not None:
         where = " on other devices" if noop else ""

@@ -17,7 +17,7 @@ class ServingArgs:
 
     host: str = arg("127.0.0.1", "HTTP host to bind.")
     port: int = arg(30000, "HTTP port to bind.")
-    api_key: str | None = arg(None, "Require this key as a Bearer token on every route.")
+    api_key: str | None = arg(None, "Require this key as a Bearer token on every route but /health.")
     served_model_name: str | None = arg(
         None, "Model name reported by /v1/models. Default: model path."
     )

@@ -301,11 +301,20 @@ async def get_model_info(raw_request: Request) -> dict[str, Any]:
 @router.get("/get_server_info")
 async def get_server_info(raw_request: Request) -> dict[str, Any]:
     state = server_state(raw_request)
-    info = dict(state.tokenizer_manager.resolved_config_dict())
-    info["internal_states"] = await state.tokenizer_manager.get_internal_state()
+    info = _redacted(state.tokenizer_manager.resolved_config_dict())
+    states = await state.tokenizer_manager.get_internal_state()
+    info["internal_states"] = [_redacted(s) for s in states]
     info["status"] = state.status.value
     info["version"] = __version__
     return info
+
+
+SECRET_FIELDS = ("api_key",)
+
+
+def _redacted(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy with secrets shown as set or not, never their value."""
+    return {k: ("<set>" if k in SECRET_FIELDS and v else v) for k, v in config.items()}
 
 
 @router.get("/flush_cache")
