@@ -133,7 +133,9 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         return None, False
     kernels = cpu_kernels.load()
     has_panels = getattr(weight, PANELS_ATTR, None) is not None
-    if has_panels and (x.dtype == weight.dtype == torch.bfloat16 or half_under_float):
+    all_bf16 = x.dtype == weight.dtype == torch.bfloat16
+    # bf16 inputs read panels only through the bf16 dot product (AVX-512 bf16)
+    if has_panels and ((all_bf16 and kernels.bf16_dot) or half_under_float):
         kernel = panels_kernel(kernels, x.shape[0], x.shape[1], x.dtype)
         if kernel is not None:
             return kernel, True
