@@ -82,7 +82,6 @@ def test_help_exits_0_and_lists_groups():
         (["--context-length", "100000"], "context_length"),  # the demo model's is 512
         (["--model-path", "{empty}"], "model_path"),  # a directory without config.json
         (["--tokenizer-path", "/nonexistent/tok"], "tokenizer_path"),
-        (["--attention-backend", "triton", "--device", "cpu"], "attention_backend"),
     ],
 )
 def test_flags_refused_at_resolution_exit_2_with_one_line(tmp_path, argv, field):

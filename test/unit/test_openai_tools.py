@@ -548,6 +548,8 @@ def model_dir(tmp_path, template: str, name: str):
     directory = tmp_path / name
     directory.mkdir()
     (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    (directory / "config.json").write_text(json.dumps(config))  # a checkpoint dir
     return directory
 
 
