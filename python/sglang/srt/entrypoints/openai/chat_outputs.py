@@ -61,6 +61,10 @@ class ChatOutputPlan:
     tools: tuple[dict[str, Any], ...] = ()
     single_call: bool = False  # parallel_tool_calls false: calls after the first are dropped
 
+    def kept_calls(self, items: Any) -> list[Any]:
+        """The parsed call items to send: the first call's only under single_call."""
+        return [i for i in items if not self.single_call or i.tool_index == 0]
+
     @property
     def parses_calls(self) -> bool:
         return self.tool_mode == "constrained" or (
@@ -104,7 +108,7 @@ def parse_calls(plan: ChatOutputPlan, text: str) -> tuple[list[Any], str]:
     if not plan.parses_calls:
         return [], text
     normal_text, items = plan.call_parser().parse_non_stream(text)
-    return [i for i in items if not plan.single_call or i.tool_index == 0], normal_text
+    return plan.kept_calls(items), normal_text
 
 
 def _full_call(item: Any) -> ToolCall:
@@ -248,8 +252,8 @@ class ChoiceOutputStream:
         content, items = self._read_calls(rest)
         if self._calls is not None and self.plan.tool_mode == "auto":
             held = self._calls.finish_stream()
-            kept = [c for c in held.calls if not self.plan.single_call or c.tool_index == 0]
-            content, items = content + held.normal_text, items + kept
+            content = content + held.normal_text
+            items = items + self.plan.kept_calls(held.calls)
         deltas = self._deltas(reasoning, content, items)
         if self.plan.tool_mode == "constrained" and not self._ids and self._call_text:
             # cut off (max_tokens) before a first call: the text, as without streaming
@@ -263,8 +267,7 @@ class ChoiceOutputStream:
             self._call_text += text
             return "", self._calls.feed(text)
         result = self._calls.parse_stream_chunk(text)
-        calls = [c for c in result.calls if not self.plan.single_call or c.tool_index == 0]
-        return result.normal_text, calls
+        return result.normal_text, self.plan.kept_calls(result.calls)
 
     def _deltas(self, reasoning: str, content: str, items: list[Any]) -> list[DeltaMessage]:
         out = [DeltaMessage(reasoning_content=reasoning)] if reasoning else []
