@@ -15,6 +15,7 @@ import pytest
 import requests
 from http_server_fixture import start_server
 
+from sglang.srt.entrypoints.engine import hang_limit_s
 from sglang.test.soak import server_processes
 
 pytestmark = pytest.mark.slow
@@ -70,6 +71,45 @@ def test_dead_detokenizer_fails_requests_and_exits(tiny_llama_dir, tmp_path):
         assert f"The detokenizer process (pid {detok.pid}) exited unexpectedly" in srv.log()
         _assert_all_gone(tree, srv.proc.pid)
         assert answered_s < ANSWER_WITHIN_S
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def test_frozen_scheduler_is_killed_and_fails_requests(tiny_llama_dir, tmp_path):
+    # SIGSTOP freezes the scheduler mid-decode, its own watchdog thread included: the
+    # launcher sees it stop stepping, kills it past --watchdog-timeout, and the
+    # requests in flight get errors instead of waiting forever.
+    watchdog_s = 1.0
+    srv = start_server(
+        tiny_llama_dir, tmp_path / "server.log", "--watchdog-timeout", str(watchdog_s)
+    )
+    try:
+        roles = server_processes(srv.proc.pid)
+        tree = [p for _, p in roles]
+        scheduler = dict(roles)["scheduler"]
+        started: list[list[float]] = [[], []]  # each stream's lines so far
+        with ThreadPoolExecutor(3) as pool:
+            streams = [pool.submit(_stream, srv.base_url, seen) for seen in started]
+            blocking = pool.submit(_blocking, srv.base_url)
+            deadline = time.monotonic() + 60
+            while min(map(len, started)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert min(map(len, started)) >= 2, "the streams never started"
+            time.sleep(0.5)  # the non-streaming request is running too
+            stopped_at = time.monotonic()
+            scheduler.suspend()  # SIGSTOP
+            answer_within_s = hang_limit_s(watchdog_s) + ANSWER_WITHIN_S
+            assert blocking.result(timeout=answer_within_s) == 503
+            for future in streams:
+                status, lines = future.result(timeout=answer_within_s)
+                assert status == 200 and lines[-1] == "data: [DONE]", lines[-3:]
+                assert '"error"' in lines[-2], lines[-3:]
+            answered_s = time.monotonic() - stopped_at
+        assert srv.proc.wait(timeout=30) != 0
+        assert f"The scheduler process (pid {scheduler.pid}) was killed after" in srv.log()
+        _assert_all_gone(tree, srv.proc.pid)
+        # not before the scheduler's own watchdog would have had its chance
+        assert hang_limit_s(watchdog_s) <= answered_s < answer_within_s
     finally:
         srv.stop(signal.SIGKILL)
 

@@ -518,6 +518,9 @@ def test_forward_clock_is_shared_between_processes():
     assert 0.0 <= clock.busy_for_s() < 5.0
     clock.stop()
     assert clock.busy_for_s() is None
+    assert clock.silent_for_s() is None  # no step yet: not judged while loading
+    clock.step()
+    assert 0.0 <= clock.silent_for_s() < 5.0 and clock.busy_for_s() is None
 
 
 def test_continuous_usage_stats_and_sse_headers(client):

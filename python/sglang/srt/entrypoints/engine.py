@@ -26,6 +26,8 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
 
+import psutil
+
 from sglang.srt.entrypoints import child_env
 from sglang.srt.managers.forward_clock import ForwardClock, ForwardClocks
 from sglang.srt.managers.io_struct import (
@@ -37,6 +39,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.node_link import NodeLost, WorkerNodeLink
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.runtime_context import get_observability
 from sglang.srt.sampling.param_types import InvalidParamError, check_num_samples
 from sglang.srt.utils import kill_process_tree
 
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WATCHDOG_POLL_S = 0.2
+HANG_GRACE_S = 5.0  # past the scheduler's own watchdog before the launcher kills it
 # A child ended by one of these was stopped on purpose (systemd or `kill` signalling the
 # whole process group, say): logged as a warning, not as a crash.
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
@@ -82,6 +86,10 @@ class ChildProcesses:
         self._watchdog: threading.Thread | None = None
         self.on_death: list[Callable[[str], None]] = []
         self.dead_message: str | None = None
+        # (role, process, its scheduler's clock): killed once frozen past hang_limit_s
+        self.hang_watches: list[tuple[str, Any, ForwardClock]] = []
+        self.hang_limit_s: float | None = None
+        self._killed_hung: dict[int, float] = {}  # pid -> seconds it had not stepped
         # run last at shutdown: files and sockets the children no longer need
         self.cleanups: list[Callable[[], None]] = []
 
@@ -92,12 +100,32 @@ class ChildProcesses:
         self._watchdog = threading.Thread(target=self._watch, name="sglang-watchdog", daemon=True)
         self._watchdog.start()
 
+    def watch_for_hang(self, role: str, proc: Any, clock: ForwardClock) -> None:
+        """Kill `proc` once its scheduler has not stepped for hang_limit_s (set from
+        --watchdog-timeout; None: no check): frozen, so its own watchdog cannot act."""
+        self.hang_watches.append((role, proc, clock))
+
     def _watch(self) -> None:
         while not self._stop.wait(WATCHDOG_POLL_S):
             for role, proc in self.procs:
                 if not proc.is_alive():
                     self._report_death(role, proc)
                     return
+            self._kill_frozen()
+
+    def _kill_frozen(self) -> None:
+        if self.hang_limit_s is None:
+            return
+        for role, proc, clock in self.hang_watches:
+            silent_s = clock.silent_for_s()
+            if silent_s is not None and silent_s > self.hang_limit_s and proc.pid is not None:
+                logger.error(
+                    "The %s process (pid %d) has not stepped for %.1f s, past "
+                    "--watchdog-timeout; it is frozen: killing it",
+                    role, proc.pid, silent_s,
+                )  # fmt: skip
+                self._killed_hung[proc.pid] = silent_s
+                _signal_tree(proc.pid, signal.SIGKILL)  # SIGKILL ends a stopped process too
 
     def _report_death(self, role: str, proc: mp.process.BaseProcess) -> None:
         signal_name = _killing_signal_name(proc.exitcode)
@@ -106,6 +134,12 @@ class ChildProcesses:
             f"The {role} process (pid {proc.pid}) exited unexpectedly with code "
             f"{shown_code}; the server cannot serve requests."
         )
+        if proc.pid in self._killed_hung:
+            self.dead_message = (
+                f"The {role} process (pid {proc.pid}) was killed after it had not "
+                f"stepped for {self._killed_hung[proc.pid]:.1f} s (frozen, past "
+                "--watchdog-timeout); the server cannot serve requests."
+            )
         stopped_on_purpose = signal_name in {sig.name for sig in _STOP_SIGNALS}
         logger.log(logging.WARNING if stopped_on_purpose else logging.ERROR, self.dead_message)
         for callback in self.on_death:
@@ -150,6 +184,18 @@ def _killing_signal_name(exitcode: Any) -> str | None:
         return signal.Signals(-exitcode).name
     except ValueError:
         return None
+
+
+def _signal_tree(pid: int, sig: int) -> None:
+    """Send `sig` to `pid` and its descendants, now (no grace period)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.send_signal(sig)
 
 
 def _stop_child(proc: Any) -> None:
@@ -268,8 +314,20 @@ def _launch_subprocesses(
         children.shutdown()
         raise
     children.on_death.append(tokenizer_manager.on_child_death)
+    children.hang_limit_s = hang_limit_s(get_observability().watchdog_timeout)
     children.start_watchdog()
     return tokenizer_manager, children
+
+
+def hang_limit_s(watchdog_timeout_s: float | None) -> float | None:
+    """Seconds without a scheduler step after which the launcher kills it; None: never.
+
+    Past the time the scheduler's own watchdog takes to end a forward that runs past
+    the timeout (it checks every min(timeout/4, 5) s), plus a grace: a scheduler that
+    is merely slow exits by itself first, so only a frozen one is killed from here."""
+    if not watchdog_timeout_s or watchdog_timeout_s <= 0:
+        return None
+    return watchdog_timeout_s + min(watchdog_timeout_s / 4, 5.0) + HANG_GRACE_S
 
 
 def _launch_relay_processes(
@@ -379,6 +437,8 @@ def _launch_scheduler_processes(
             role = scheduler_role(dp_size, tp_size, dp_rank, tp_rank)
             args = (server_args, rank_args, tp_rank, clock if tp_rank == 0 else None)
             readers.append(_spawn_child(ctx, children, role, run_scheduler_process, args, env))
+            if tp_rank == 0:  # its peers block in a collective: rank 0's forward stalls
+                children.watch_for_hang(role, readers[-1][1], clock)
     return readers
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import zmq
 
 from sglang.srt.entrypoints.engine import ChildProcesses, Engine, scheduler_role
-from sglang.srt.managers.forward_clock import ForwardClock
+from sglang.srt.managers.forward_clock import NUM_SLOTS, ForwardClock
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.scheduler_entry import run_scheduler_process
 
@@ -42,6 +42,7 @@ RAY_MISSING = 'Ray is not installed; install the extra: pip install -e ".[ray]"'
 PLACEMENT_TIMEOUT_S = 60.0  # for the cluster to grant a placement group this module creates
 ACTOR_CALL_TIMEOUT_S = 60.0  # for an actor to be placed and answer where it runs
 READY_LINGER_MS = 2000  # a ready message still goes out when the actor exits right after
+_FLOAT_BYTES = 8
 
 
 def require_ray() -> Any:
@@ -237,37 +238,33 @@ class ZmqReadyWriter:
             self._socket = self._ctx = None
 
 
-class MappedFloat:
-    """One float in a memory-mapped file, shared by the processes of one machine: a Ray
-    scheduler's ForwardClock (an mp.Value crosses only a spawn). Pickles by path."""
-
-    SIZE_BYTES = 8
+class MappedFloats:
+    """A ForwardClock's floats in a memory-mapped file, shared by the processes of one
+    machine: a Ray scheduler's clock (an mp.Array crosses only a spawn). Pickles by path."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         fd = os.open(path, os.O_RDWR)
         try:
-            self._map = mmap.mmap(fd, self.SIZE_BYTES)
+            self._map = mmap.mmap(fd, NUM_SLOTS * _FLOAT_BYTES)
         finally:
             os.close(fd)
 
     @classmethod
-    def create(cls) -> MappedFloat:
+    def create(cls) -> MappedFloats:
         fd, path = tempfile.mkstemp(prefix="sglang-clock-")
-        os.write(fd, struct.pack("d", 0.0))
+        os.write(fd, struct.pack(f"{NUM_SLOTS}d", *([0.0] * NUM_SLOTS)))
         os.close(fd)
         return cls(path)
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
-        return MappedFloat, (self.path,)
+        return MappedFloats, (self.path,)
 
-    @property
-    def value(self) -> float:
-        return struct.unpack_from("d", self._map)[0]
+    def __getitem__(self, slot: int) -> float:
+        return struct.unpack_from("d", self._map, slot * _FLOAT_BYTES)[0]
 
-    @value.setter
-    def value(self, seconds: float) -> None:
-        struct.pack_into("d", self._map, 0, seconds)
+    def __setitem__(self, slot: int, seconds: float) -> None:
+        struct.pack_into("d", self._map, slot * _FLOAT_BYTES, seconds)
 
     def unlink(self) -> None:
         with contextlib.suppress(OSError):
@@ -276,7 +273,7 @@ class MappedFloat:
 
 def actor_forward_clocks(children: ChildProcesses, dp_size: int) -> list[ForwardClock]:
     """One clock per DP rank that a Ray actor can write; the files go at shutdown."""
-    shared = [MappedFloat.create() for _ in range(dp_size)]
+    shared = [MappedFloats.create() for _ in range(dp_size)]
     children.cleanups += [value.unlink for value in shared]
     return [ForwardClock(value) for value in shared]
 

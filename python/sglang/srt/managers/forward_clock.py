@@ -1,10 +1,16 @@
-"""When the scheduler's current forward started, shared with the launcher's process.
+"""When the scheduler's current forward started, and when it last stepped, shared with
+the launcher's process.
 
-One float in shared memory, written by the scheduler (rank 0) and read by the
-TokenizerManager: `/health` counts a scheduler that is inside a forward as
-answering (its own watchdog ends a forward that runs past `--watchdog-timeout`),
-so a long prefill does not make a healthy server report 503. CLOCK_MONOTONIC is
-one clock for every process of the machine, so the two sides can compare.
+Two floats in shared memory, written by the scheduler (rank 0) and read by the
+launcher's process:
+- slot 0, the forward start: `/health` counts a scheduler that is inside a forward as
+  answering (its own watchdog ends a forward that runs past `--watchdog-timeout`),
+  so a long prefill does not make a healthy server report 503;
+- slot 1, the last step: the scheduler stamps it at every loop step (an idle loop
+  steps every 50 ms). A scheduler that has not stepped for longer than its own
+  watchdog allows is frozen (SIGSTOP, a deadlock holding the GIL): its watchdog
+  thread cannot run either, so the launcher's watchdog ends it (hang_check.py).
+CLOCK_MONOTONIC is one clock for every process of the machine, so the sides can compare.
 """
 
 from __future__ import annotations
@@ -12,32 +18,40 @@ from __future__ import annotations
 import time
 from typing import Any
 
-_IDLE = 0.0
+_IDLE = 0.0  # slot 0 between forwards; slot 1 before the first step
+_FORWARD_STARTED, _LAST_STEP = 0, 1
+NUM_SLOTS = 2
 
 
 class ForwardClock:
     def __init__(self, shared: Any = None) -> None:
-        # A multiprocessing Value('d') from the launcher, or a plain holder (tests).
-        self._shared = shared if shared is not None else _Holder()
+        # A multiprocessing Array('d', 2) from the launcher, a MappedFloats (Ray
+        # actors), or a plain list (tests): indexable floats.
+        self._shared = shared if shared is not None else [_IDLE] * NUM_SLOTS
 
     @classmethod
     def shared(cls, mp_context: Any) -> ForwardClock:
-        return cls(mp_context.Value("d", _IDLE, lock=False))
+        return cls(mp_context.Array("d", NUM_SLOTS, lock=False))
 
     def start(self) -> None:
-        self._shared.value = time.monotonic()
+        self._shared[_FORWARD_STARTED] = time.monotonic()
 
     def stop(self) -> None:
-        self._shared.value = _IDLE
+        self._shared[_FORWARD_STARTED] = _IDLE
+
+    def step(self) -> None:
+        """The scheduler's loop is alive (called once per step)."""
+        self._shared[_LAST_STEP] = time.monotonic()
 
     def busy_for_s(self) -> float | None:
         """Seconds the current forward has run; None between forwards."""
-        started = self._shared.value
+        started = self._shared[_FORWARD_STARTED]
         return None if started == _IDLE else time.monotonic() - started
 
-
-class _Holder:
-    value = _IDLE
+    def silent_for_s(self) -> float | None:
+        """Seconds since the scheduler last stepped; None before its first step."""
+        stepped = self._shared[_LAST_STEP]
+        return None if stepped == _IDLE else time.monotonic() - stepped
 
 
 class ForwardClocks:

@@ -197,6 +197,7 @@ class Scheduler(
 
     def step(self, block: bool = False) -> None:
         """Receive, schedule one batch, run it, process it, emit outputs."""
+        self.forward_clock.step()
         msgs = self.recv_requests(block)
         self.load_reporter.note_received(msgs)
         self.process_input_requests(msgs)
