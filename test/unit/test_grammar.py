@@ -86,6 +86,21 @@ def test_json_schema_output_validates(backend, tokenizer, seed):
     assert set(value["tags"]) <= {"x", "y"} and len(value["tags"]) <= 2
 
 
+@pytest.mark.parametrize("length", [{"maxLength": 6}, {"minLength": 1}, {}])
+def test_json_strings_admit_no_raw_control_characters(backend, tokenizer, length):
+    # JSON allows U+0000-U+001F in a string only escaped (json.loads refuses them raw);
+    # xgrammar 0.2.9 lets them into length-limited strings unless held back
+    schema = {"type": "object", "properties": {"s": {"type": "string", **length}},
+              "required": ["s"]}  # fmt: skip
+    compiled = backend.compile(GrammarKey("json_schema", json.dumps(schema)))
+    for char in ("\x1e", "\t", "\n", "\x00"):
+        grammar = backend.new_grammar(compiled)
+        ids = tokenizer.encode('{"s": "a' + char, add_special_tokens=False)
+        assert not all(grammar.accept_token(t) for t in ids), repr(char)
+    grammar = backend.new_grammar(compiled)
+    assert all(grammar.accept_token(t) for t in tokenizer.encode('{"s": "a b"}'))
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_regex_ebnf_and_any_json(backend, tokenizer, seed):
     regex = r"(cat|dog)s? [0-9]{1,3}"

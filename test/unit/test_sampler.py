@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from sglang.srt.layers.sampler import Sampler
+from sglang.srt.layers.sampler import NO_ALLOWED_TOKEN, Sampler
 from sglang.srt.sampling.penalties import RunningTokenCounts, output_token_counts
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -67,6 +67,45 @@ def test_same_seed_same_tokens_and_mixed_batch():
         for n in range(12)
     }
     assert len(steps) > 1  # the step mixes into the seed
+
+
+@pytest.mark.parametrize(
+    "neighbour",
+    [SamplingParams(top_k=5), SamplingParams(top_p=0.5), SamplingParams(min_p=0.2),
+     SamplingParams(temperature=0.0)],
+)  # fmt: skip
+def test_a_seeded_row_draws_the_same_token_whatever_its_batch(neighbour):
+    # the filters other rows use must not change which token a seed's uniform picks
+    logits = _logits(2, seed=3)
+    seeded = SamplingParams(seed=1234)
+    for step in range(8):
+        alone = Sampler()(logits[:1], _info([seeded], [[1] * step])).next_token_ids.item()
+        info = _info([seeded, neighbour], [[1] * step, []])
+        assert Sampler()(logits, info).next_token_ids[0].item() == alone
+
+
+def test_seeds_a_half_range_apart_differ():
+    # the seed range is [-2**63, 2**64): seed and seed + 2**63 are different seeds
+    logits = torch.zeros(1, VOCAB)  # uniform: the draw is the seed's uniform alone
+    draws = {
+        tuple(
+            Sampler()(logits, _info([SamplingParams(seed=seed)], [[1] * n])).next_token_ids.item()
+            for n in range(6)
+        )
+        for seed in (5, 5 + 2**63)
+    }
+    assert len(draws) == 2
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0), SamplingParams(top_k=3),
+                                    SamplingParams(seed=9), SamplingParams()])  # fmt: skip
+def test_a_row_with_every_token_banned_samples_no_allowed_token(params):
+    logits = _logits(2)
+    info = _info([params, SamplingParams(temperature=0.0)])
+    info.vocab_bias = torch.zeros(2, VOCAB)
+    info.vocab_bias[0] = float("-inf")  # as a finished grammar's mask with min_new_tokens
+    out = Sampler()(logits, info, return_logprob=True)
+    assert out.next_token_ids.tolist() == [NO_ALLOWED_TOKEN, logits[1].argmax().item()]
 
 
 def test_penalties():
@@ -132,6 +171,7 @@ def test_logprobs_and_top_logprobs():
     "field, value",
     [
         ("temperature", -1.0),
+        ("temperature", 1e39),  # inf in the float32 logits
         ("top_p", 0.0),
         ("top_k", -5),
         ("min_p", 2.0),

@@ -135,3 +135,16 @@ def test_eos_as_the_last_allowed_token_is_a_stop(tokenizer):
         req.output_ids.append(token)
         checker.check_finished(req)
     assert req.finished_reason == {"type": "stop", "matched": 2}
+
+
+@pytest.mark.parametrize("text", ["x = 1 日本語", "alpha beta gamma", "def f(x):\n    return"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_token_is_left_out_of_the_text(tokenizer, text, stream):
+    """As SGLang and vLLM: a request finished by a stop token (EOS, stop_token_ids)
+    leaves that token's text out, unless no_stop_trim; the token ids keep it. A byte
+    token that completes a character takes the character's earlier bytes with it."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    finish = {"type": "stop", "matched": ids[-1]}
+    expected = trim_incomplete_utf8(tokenizer.decode(ids[:-1]))
+    assert detokenize(tokenizer, ids, finish, [], stream) == expected
+    assert detokenize(tokenizer, ids, finish, [], stream, no_stop_trim=True) == text

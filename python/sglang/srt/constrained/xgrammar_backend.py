@@ -81,12 +81,13 @@ class XGrammarBackend(GrammarBackend):
             _refuse_unenforceable(key)
             # Any object: not strict, so it may hold any properties (strict mode would
             # default additionalProperties to false: only "{}").
-            return self.compiler.compile_json_schema(
+            grammar = xgr.Grammar.from_json_schema(
                 key.text,
                 any_whitespace=self.any_whitespace,
                 max_whitespace_cnt=MAX_JSON_WHITESPACE if self.any_whitespace else None,
                 strict_mode=key.text != ANY_JSON_OBJECT,
             )
+            return self.compiler.compile_grammar(json_strings_without_controls(str(grammar)))
         if key.kind == REGEX:
             return self.compiler.compile_regex(key.text)
         if key.kind == EBNF:
@@ -119,6 +120,20 @@ class XGrammarBackend(GrammarBackend):
         if bitmask.device != logits.device:
             bitmask = bitmask.to(logits.device, non_blocking=True)
         xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=rows)
+
+
+# xgrammar 0.2.9 writes a string with minLength / maxLength as characters of this
+# class, which admits raw control characters (JSON allows them only escaped, and
+# json.loads refuses them): one tab or U+001E and the output is not JSON. Its plain
+# strings exclude them (basic_string_sub); the length-limited ones are made to too.
+_LENGTH_LIMITED_CHAR = '[^\\"\\\\\\r\\n]'
+_JSON_STRING_CHAR = '[^\\0-\\x1f\\"\\\\]'
+
+
+def json_strings_without_controls(ebnf: str) -> str:
+    """xgrammar's EBNF for a JSON schema with length-limited strings held to JSON's
+    characters (no raw U+0000-U+001F)."""
+    return ebnf.replace(_LENGTH_LIMITED_CHAR, _JSON_STRING_CHAR)
 
 
 def _first_line(exc: Exception) -> str:

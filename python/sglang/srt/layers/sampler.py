@@ -3,7 +3,9 @@
 Order of operations per row: logit adjustments (penalties, logit_bias,
 min_new_tokens ban, grammar mask) -> greedy argmax, or temperature -> softmax ->
 top-k -> top-p -> min-p -> sample. Reported logprobs are log_softmax of the
-adjusted logits before temperature.
+adjusted logits before temperature. A row whose adjustments ban every token (say
+min_new_tokens bans EOS, the only token a finished grammar allows) samples
+NO_ALLOWED_TOKEN; the scheduler fails that request alone.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from sglang.srt.layers import cpu_kernels
 from sglang.srt.sampling.penalties import apply_penalties
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
-_SEED_MIX = 1_000_003  # step multiplier so (seed, step) pairs map to distinct seeds
+_TWO_64 = 1 << 64
+NO_ALLOWED_TOKEN = -1  # the id a row samples when every token of it is banned
 _TOP_CANDIDATES = 1024  # tokens considered by top-k / top-p / min-p before a full sort
 
 
@@ -77,14 +80,23 @@ def adjust_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor
 
 def _sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     best_ids = greedy_ids(logits)
+    # a row's best logit is -inf only when every token of it is banned
+    none_allowed = logits.gather(1, best_ids.unsqueeze(1)).squeeze(1) == float("-inf")
     if info.is_all_greedy:
-        return best_ids
+        return best_ids.masked_fill_(none_allowed, NO_ALLOWED_TOKEN)
     probs = torch.softmax(logits / info.temperatures, dim=-1)  # [bs, vocab]
     weights, token_ids = _candidates(probs, info)
+    if token_ids is not None and any(seed is not None for seed in info.seeds):
+        # A seeded row draws in vocab order whatever its batch: the candidates' order
+        # depends on which filters other rows use, and the same uniform must pick the
+        # same token (zero weights for the tokens filtered out).
+        weights = torch.zeros_like(probs).scatter_(1, token_ids, weights)
+        token_ids = None
     picked = _draw(weights, info)  # int64[bs]: a column of `weights`
     if token_ids is not None:
         picked = token_ids.gather(1, picked.unsqueeze(1)).squeeze(1)
-    return torch.where(info.greedy_mask, best_ids, picked)
+    picked = torch.where(info.greedy_mask, best_ids, picked)
+    return picked.masked_fill_(none_allowed, NO_ALLOWED_TOKEN)
 
 
 def _candidates(probs: torch.Tensor, info: SamplingBatchInfo):
@@ -127,14 +139,14 @@ def _filter_sorted(weights: torch.Tensor, info: SamplingBatchInfo) -> torch.Tens
 def _draw(weights: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """One column per row of `weights` ([bs, C], unnormalized), by inverse CDF.
 
-    One uniform per row; rows with a seed draw theirs from a generator seeded
-    by (seed, step), so the same seed gives the same tokens.
+    One uniform per row; rows with a seed take theirs from a hash of (seed, step),
+    so the same seed gives the same tokens.
     """
     cdf = weights.cumsum(dim=-1)  # [bs, C]
     uniform = torch.rand(weights.shape[0], device=weights.device)
     rows = [row for row, seed in enumerate(info.seeds) if seed is not None]
     if rows:
-        seeded = torch.cat([_seeded_uniform(info.seeds[r], info.steps[r]) for r in rows])
+        seeded = torch.tensor([seeded_uniform(info.seeds[r], info.steps[r]) for r in rows])
         uniform.index_copy_(
             0, _to_device(torch.tensor(rows), uniform.device), _to_device(seeded, uniform.device)
         )
@@ -143,12 +155,21 @@ def _draw(weights: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     return picked.clamp_(max=weights.shape[-1] - 1)
 
 
-def _seeded_uniform(seed: int, step: int) -> torch.Tensor:
-    """float32[1]: the uniform of a seeded row at `step`, drawn on the host, so a seed gives
-    the same tokens on every device and a GPU batch costs one copy, not a launch per row."""
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed((seed * _SEED_MIX + step) % (1 << 63))
-    return torch.rand(1, generator=gen)
+def seeded_uniform(seed: int, step: int) -> float:
+    """The uniform in [0, 1) of a seeded row at `step`, from a 64-bit hash of both (no
+    generator: torch's CPU one keeps 32 bits of its seed), so every seed of the range
+    [-2**63, 2**64) is its own stream (one below 0 is that plus 2**64, as for
+    torch.manual_seed), the same on every device. 24 bits: exact in float32, below 1."""
+    mixed = _splitmix64(_splitmix64(seed % _TWO_64) ^ step)
+    return (mixed >> 40) / float(1 << 24)
+
+
+def _splitmix64(x: int) -> int:
+    """A 64-bit integer hash (SplitMix64's finalizer over x + the golden gamma)."""
+    x = (x + 0x9E3779B97F4A7C15) % _TWO_64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % _TWO_64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % _TWO_64
+    return x ^ (x >> 31)
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -162,7 +183,7 @@ def _with_logprobs(
     ids: torch.Tensor, logits: torch.Tensor, top_logprobs_nums: list[int] | None
 ) -> SampleOutput:
     logprobs = torch.log_softmax(logits, dim=-1)  # [bs, vocab]
-    chosen = logprobs.gather(1, ids.unsqueeze(1)).squeeze(1)
+    chosen = logprobs.gather(1, ids.clamp(min=0).unsqueeze(1)).squeeze(1)  # NO_ALLOWED_TOKEN
     nums = top_logprobs_nums or []
     k = max(nums, default=0)
     top = [[] for _ in range(ids.shape[0])]

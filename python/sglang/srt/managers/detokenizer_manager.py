@@ -61,6 +61,9 @@ def find_stop(
 
 # Tokens decoded in front of a stop string's own (see stop_window_tokens).
 STOP_WINDOW_MARGIN = 4
+# Tokens decoded to find where a stop token's text starts (the token, and context
+# for a leading space or a character it completes).
+STOP_TOKEN_WINDOW = 1 + STOP_WINDOW_MARGIN
 
 
 def stop_window_tokens(stop_strs: Sequence[str]) -> int:
@@ -69,6 +72,10 @@ def stop_window_tokens(stop_strs: Sequence[str]) -> int:
     A token decodes to at least one byte, so a stop of b UTF-8 bytes spans at
     most b tokens; the margin gives its first token the context it decodes in."""
     return max(len(s.encode("utf-8")) for s in stop_strs) + STOP_WINDOW_MARGIN
+
+
+def _is_token_id(matched: Any) -> bool:
+    return isinstance(matched, int) and not isinstance(matched, bool)
 
 
 def last_token_start(decode: Callable[[list[int]], str], ids: Sequence[int], window: int) -> int:
@@ -218,7 +225,8 @@ class IncrementalDetokenizer:
         """The text not sent yet. Text is trimmed at a stop string only when the
         scheduler finished the request on it; a running stream holds back a tail that
         may grow into a stop. A stop the scheduler let pass (inside min_new_tokens) is
-        text like any other."""
+        text like any other. A request finished by a stop token (EOS, stop_token_ids)
+        leaves that token's text out, as SGLang and vLLM do (kept with no_stop_trim)."""
         text, stops = state.text, state.params.stop_strs
         end = len(text)
         matched = finished.get("matched") if finished is not None else None
@@ -226,6 +234,8 @@ class IncrementalDetokenizer:
             idx = self._stop_index(state, matched)
             if idx is not None:
                 end = idx + len(matched) if state.params.no_stop_trim else idx
+        elif _is_token_id(matched) and not state.params.no_stop_trim:
+            end = self._last_token_start(state)  # a stop token's text is left out
         elif stops and finished is None:
             end -= partial_stop_len(text, stops)
         if end <= state.sent_len:
@@ -233,6 +243,21 @@ class IncrementalDetokenizer:
         delta = text[state.sent_len : end]
         state.sent_len = end
         return delta
+
+    def _last_token_start(self, state: DecodeState) -> int:
+        """Where in state.text the last token's text starts."""
+
+        def decode(ids: list[int]) -> str:
+            return self._decode_many([ids], [state.params])[0]
+
+        ids, window = state.ids, STOP_TOKEN_WINDOW
+        # A window that starts inside a character decodes it to U+FFFD: widen it to a
+        # clean start. Its text then ends state.text, and how it starts (a dropped
+        # leading space) is the same with and without the last token, so it cancels.
+        while window < len(ids) and decode(ids[-window:-1]).startswith(REPLACEMENT_CHAR):
+            window *= 2
+        last_len = len(decode(ids[-window:])) - last_token_start(decode, ids, window)
+        return min(len(state.text), max(0, len(state.text) - last_len))
 
     def _stop_index(self, state: DecodeState, stop: str) -> int | None:
         """Where in state.text the stop the last token completed starts (the scheduler

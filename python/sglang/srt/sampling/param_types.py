@@ -61,7 +61,8 @@ def strict(kind: Any, **rule: Any) -> Any:
 
 NonNegInt = strict(int, ge=0)
 Flag = strict(bool)
-Temperature = strict(float, ge=0.0, allow_inf_nan=False)
+FLOAT32_MAX = 3.4028234663852886e38  # a larger temperature is inf in the float32 logits
+Temperature = strict(float, ge=0.0, le=FLOAT32_MAX, allow_inf_nan=False)
 TopP = strict(float, gt=0.0, le=1.0)
 TopK = strict(int, ge=-1)  # -1 or 0: all tokens
 MinP = strict(float, ge=0.0, le=1.0)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sglang.srt.constrained.base import InvalidGrammarError
+from sglang.srt.constrained.base import InvalidGrammarError, key_of
 from sglang.srt.managers.detokenizer_manager import (
     find_stop,
     last_token_start,
     stop_window_tokens,
     trim_incomplete_utf8,
 )
+from sglang.srt.layers.sampler import NO_ALLOWED_TOKEN
 from sglang.srt.managers.fault_injection import is_fatal
 from sglang.srt.managers.io_struct import BatchTokenIDOutput, DecodeParams
 from sglang.srt.managers.request_errors import internal_error_reason, invalid_request_reason
@@ -121,6 +122,9 @@ class SchedulerResultsMixin:
         top: list[tuple[float, int]] | None = None,
     ) -> None:
         """Append one generated token: logprobs, grammar, stop and length checks."""
+        if token == NO_ALLOWED_TOKEN:  # this request's bans left nothing to sample
+            req.finished_reason = _no_allowed_token_reason(req)
+            return
         req.output_ids.append(token)
         try:
             if req.logprobs is not None:
@@ -280,3 +284,22 @@ def _attach_logprobs(msg: BatchTokenIDOutput, reqs: list[Req]) -> None:
         msg.input_token_logprobs.append(lp.input_token_logprobs if send_input else [])
         msg.input_top_logprobs.append(lp.input_top_logprobs if send_input else [])
         lp.input_sent = lp.input_sent or send_input
+
+
+def _no_allowed_token_reason(req: Req) -> dict[str, Any]:
+    """The 400 of a request whose every token was banned: only a constraint's mask and
+    min_new_tokens ban tokens outright (logit_bias adds at most -100)."""
+    params, position = req.sampling_params, len(req.output_ids)
+    if req.grammar is not None and position < params.min_new_tokens:
+        kind = grammar_param(key_of(params).kind).removeprefix("sampling_params.")
+        return invalid_request_reason(
+            f"no token can follow output token {position}: the {kind} constraint allows "
+            f"only EOS or stop tokens there, and min_new_tokens={params.min_new_tokens} "
+            "bans them until that many tokens are out; lower min_new_tokens",
+            "sampling_params.min_new_tokens",
+        )
+    return invalid_request_reason(
+        f"no token can follow output token {position}: this request's constraint and "
+        "bans leave none allowed",
+        grammar_param(key_of(params).kind) if req.grammar is not None else None,
+    )
