@@ -195,3 +195,32 @@ def test_extend_attention_layouts_agree(tiny_llama_dir, monkeypatch, pad_waste):
     hf = load_hf_model(model_dir)
     outputs = sched.generate([MiniReq(p) for p in prompts], 8)  # decode in length groups
     assert outputs == [hf_greedy(hf, p, 8) for p in prompts]
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [{"rope_type": "dynamic", "factor": 4.0}, {"rope_type": "yarn", "factor": 4.0}],
+    ids=["dynamic", "yarn-without-original"],
+)
+def test_scaled_rope_served_past_the_models_context_stays_hf(tiny_llama_dir, tmp_path, scaling):
+    """A --context-length past max_position_embeddings (allowed by the operator) sizes
+    the rope tables only: scaling stays relative to the model's own length (dynamic
+    NTK's threshold, yarn's original length), so outputs are HF's."""
+    import json
+    import shutil
+
+    model_dir = tmp_path / "scaled"
+    shutil.copytree(tiny_llama_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(max_position_embeddings=64, rope_scaling=scaling)
+    config.pop("rope_parameters", None)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with get_context().override_server_args(
+        model_path=str(model_dir), device="cpu", max_total_tokens=4096, max_running_requests=4
+    ):
+        cfg = ModelConfig(str(model_dir), context_length=256, longer_context_ok=True)
+        worker = TpModelWorker(cfg)
+    hf = load_hf_model(str(model_dir))
+    prompt = [(7 * i) % 500 + 3 for i in range(40)]
+    # decoded one token at a time past position 64: HF's generate rescales there too
+    assert MiniScheduler(worker).generate([MiniReq(prompt)], 40) == [hf_greedy(hf, prompt, 40)]

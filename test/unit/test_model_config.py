@@ -150,6 +150,8 @@ def test_dynamic_rope_matches_hf_generate():
 def test_unsupported_rope_type():
     with pytest.raises(ValueError, match="supported"):
         get_rope(16, 64, 10000.0, {"rope_type": "mystery", "factor": 2.0})
+    with pytest.raises(ValueError, match="needs a 'factor'"):  # not a bare KeyError
+        get_rope(16, 64, 10000.0, {"rope_type": "yarn"})
 
 
 W = 512

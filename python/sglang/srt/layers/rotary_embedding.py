@@ -21,11 +21,16 @@ class RotaryEmbedding(nn.Module):
         max_position: int,
         base: float,
         scaling: dict[str, Any] | None = None,
+        cache_len: int | None = None,
     ) -> None:
+        """max_position: the model's max_position_embeddings (what scaling is relative
+        to); cache_len: positions the tables cover (default max_position; more when
+        the served context is longer)."""
         super().__init__()
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim
-        inv_freq, positions = _scaled_inv_freq(rotary_dim, max_position, base, scaling)
+        cache_len = max(max_position, cache_len or 0)
+        inv_freq, positions = _scaled_inv_freq(rotary_dim, max_position, base, scaling, cache_len)
         # inv_freq: [rotary_dim / 2], or one row per position ([max_len, rotary_dim / 2])
         freqs = positions.unsqueeze(1) * inv_freq  # float32[max_len, rotary_dim / 2]
         scale = _attention_factor(scaling)  # yarn scales cos and sin
@@ -109,34 +114,44 @@ def _base_inv_freq(dim: int, base: float) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
 
 
-def _scaled_inv_freq(dim: int, max_position: int, base: float, scaling: dict[str, Any] | None):
-    """(inv_freq float32[dim / 2] or [max_len, dim / 2], positions float32[max_len])."""
+def _scaled_inv_freq(
+    dim: int, max_position: int, base: float, scaling: dict[str, Any] | None, cache_len: int
+):
+    """(inv_freq float32[dim / 2] or [max_len, dim / 2], positions float32[max_len]);
+    max_len is cache_len, or more for dynamic NTK (original x factor)."""
     rope_type = (scaling or {}).get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"unsupported rope scaling {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
-    positions = torch.arange(max_position, dtype=torch.float32)
+    positions = torch.arange(cache_len, dtype=torch.float32)
     if rope_type == "default":
         return _base_inv_freq(dim, base), positions
+    if "factor" not in scaling:
+        raise ValueError(f"rope_scaling of type {rope_type!r} needs a 'factor': {scaling}")
     factor = float(scaling["factor"])
     if rope_type == "linear":
         return _base_inv_freq(dim, base), positions / factor
     if rope_type == "dynamic":
-        return _dynamic_ntk(dim, base, factor, scaling, max_position)
+        return _dynamic_ntk(dim, base, factor, scaling, max_position, cache_len)
     if rope_type == "yarn":
         return _yarn_inv_freq(dim, base, factor, scaling, max_position), positions
     return _llama3_inv_freq(dim, base, factor, scaling), positions
 
 
-def _dynamic_ntk(dim, base, factor, scaling, max_position):
+def _dynamic_ntk(dim, base, factor, scaling, max_position, cache_len):
     """HF's dynamic NTK scaling as its generate applies it, one row per position: the
     plain base while a sequence fits max_position_embeddings; past it, the token at
     position p is rotated (and its K cached) with the base HF computes for a sequence of
     p + 1 tokens. (SGLang and vLLM use the base for the longest sequence at every
-    position, which differs from HF on every prompt.) Rows cover original * factor."""
+    position, which differs from HF on every prompt.) HF's one forward over a whole
+    prompt longer than the window rotates all of it with that prompt's base; here each
+    token keeps its own position's (chunked prefill and the prefix cache need a
+    rotation that does not depend on the forward). Rows cover cache_len and original *
+    factor; max_position is the model's max_position_embeddings, whatever the
+    served context length."""
     original = int(scaling.get("original_max_position_embeddings") or max_position)
-    max_len = max(max_position, int(original * factor))
+    max_len = max(cache_len, int(original * factor))
     inv_freq = _base_inv_freq(dim, base).repeat(max_len, 1)  # bitwise HF's in the window
     # Past it, HF's float32 arithmetic on one 0-d sequence length per forward; done here
     # for all rows at once, it agrees to float32 rounding (a loop of 0-d ops would be
@@ -210,6 +225,9 @@ def get_rope(
     base: float,
     scaling: dict[str, Any] | None = None,
     partial_rotary_factor: float = 1.0,
+    cache_len: int | None = None,
 ) -> RotaryEmbedding:
+    """max_position: the model's max_position_embeddings; cache_len: the served context
+    length where longer (a --context-length past the model's)."""
     rotary_dim = int(head_dim * partial_rotary_factor)
-    return RotaryEmbedding(head_dim, rotary_dim, max_position, base, scaling)
+    return RotaryEmbedding(head_dim, rotary_dim, max_position, base, scaling, cache_len)

@@ -155,9 +155,10 @@ class Gemma2Model(nn.Module):
         """The rotary embedding of each layer type (Gemma 2: one for all layers)."""
         rope = get_rope(
             config.head_dim,
-            max(config.max_position_embeddings, config.context_len),
+            config.max_position_embeddings,
             config.rope_theta,
             config.rope_scaling,
+            cache_len=config.context_len,
         )
         return {t: rope for t in set(config.layer_types)}
 

@@ -34,11 +34,13 @@ class Gemma3Model(Gemma2Model):
 
     @staticmethod
     def make_ropes(config: ModelConfig) -> dict[str, RotaryEmbedding]:
-        max_position = max(config.max_position_embeddings, config.context_len)
         ropes = {}
         for layer_type in set(config.layer_types):
             theta, scaling = _rope_params(config.raw, layer_type)
-            ropes[layer_type] = get_rope(config.head_dim, max_position, theta, scaling)
+            ropes[layer_type] = get_rope(
+                config.head_dim, config.max_position_embeddings, theta, scaling,
+                cache_len=config.context_len,
+            )  # fmt: skip
         return ropes
 
 

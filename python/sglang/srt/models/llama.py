@@ -157,10 +157,11 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, **tp)
         self.rotary_emb = get_rope(
             config.head_dim,
-            max(config.max_position_embeddings, config.context_len),
+            config.max_position_embeddings,
             config.rope_theta,
             config.rope_scaling,
             config.partial_rotary_factor,
+            cache_len=config.context_len,
         )
         self.layers = nn.ModuleList(
             [
