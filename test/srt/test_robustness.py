@@ -188,6 +188,32 @@ def test_a_refused_duplicate_rid_leaves_the_running_request_alone(server):
     assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 3000
 
 
+def test_a_retry_under_a_dropped_requests_rid_gets_only_its_own_output(server):
+    # A client drops a stream and at once retries under the same rid: the dropped
+    # request's last outputs and its abort must not answer the retry. The retry is
+    # refused (400, the rid is held while the abort completes) or served its own tokens.
+    greedy = {"max_new_tokens": 12, "temperature": 0.0}
+    own = post(server, "/generate", {"text": "Retry", "sampling_params": greedy}).json()
+    for trial in range(12):
+        rid = f"dropped-{trial}"
+        body = {"text": "Hi", "rid": rid, "stream": True,
+                "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}  # fmt: skip
+        with requests.post(server.base_url + "/generate", json=body, stream=True, timeout=60) as r:
+            lines = (line for line in r.iter_lines() if line)
+            for _ in range(1 + trial % 4):
+                next(lines)
+        for _attempt in range(50):
+            retry = post(server, "/generate", {"text": "Retry", "rid": rid, "sampling_params": greedy})
+            if retry.status_code != 400:
+                break
+            assert "still being aborted" in retry.json()["error"]["message"], retry.text
+        assert retry.status_code == 200, retry.text
+        out = retry.json()
+        assert out["meta_info"]["finish_reason"]["type"] == "length", out["meta_info"]
+        assert out["output_ids"] == own["output_ids"]
+    assert_pool_intact(server)
+
+
 def test_a_client_gone_mid_body_is_no_server_error(server):
     port = int(server.base_url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as sock:

@@ -50,6 +50,7 @@ class EmbeddingFieldsSpec(BaseModel):
 
 class TokenizerEmbeddingMixin:
     rid_to_state: dict[str, ReqState]
+    _release: Any  # TokenizerManager._release
     model_config: Any
     send_to_scheduler: Any
 
@@ -80,8 +81,7 @@ class TokenizerEmbeddingMixin:
         try:
             await _wait_finished(state)
         finally:
-            if self._unregister(state) and state.finished_reason is None:
-                self.abort_request(obj.rid)
+            self._release(state)
         return self._embedding_output(state)
 
     async def _tokenize_embedding_off_loop(

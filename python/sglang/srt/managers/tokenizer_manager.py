@@ -65,6 +65,9 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 INLINE_TOKENIZE_CHARS = 16_384  # longer texts are tokenized off the event loop
+# An abandoned request's rid is held until the scheduler's finish for it arrives (ms);
+# past this, a new request may take the rid anyway (the finish was lost).
+ABANDONED_RID_HOLD_S = 30.0
 
 
 def load_tokenizer() -> Any:
@@ -154,6 +157,8 @@ class ReqState:
     error: str | None = None
     embedding: list[float] | None = None  # embedding requests: the pooled vector
     reported: ReportedLogprobs | None = None  # with return_logprob, made on first output
+    scheduler_done: bool = False  # the scheduler sent its finish: no more outputs come
+    abandoned_at: float | None = None  # the caller left before that finish (monotonic s)
 
 
 @dataclass
@@ -280,21 +285,48 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             async for out in self._wait_outputs(state):
                 yield out
         finally:
-            if self._unregister(state) and state.finished_reason is None:
-                self.abort_request(obj.rid)
+            self._release(state)
 
     def _register(self, state: ReqState) -> None:
         """Track `state` under its rid; a ValueError if the rid is taken: by a request in
         flight, as the parent of one's samples, or (for a sample) its parent by a plain
         request, since abort_request(parent) would reach both."""
         rid, parent = state.obj.rid, state.obj.parent_rid
+        self._drop_stale_abandoned(rid)
         if rid in self.rid_to_state or rid in self._parent_rids:
+            held = self.rid_to_state.get(rid)
+            if held is not None and held.abandoned_at is not None:
+                raise ValueError(
+                    f"duplicate request id {rid!r}: the request that had it is still "
+                    "being aborted; retry in a moment"
+                )
             raise ValueError(f"duplicate request id {rid!r}")
         if parent is not None and parent in self.rid_to_state:  # siblings share the parent
             raise ValueError(f"duplicate request id {parent!r}")
         self.rid_to_state[rid] = state
         if parent is not None:
             self._parent_rids[parent] += 1
+
+    def _release(self, state: ReqState) -> None:
+        """The caller stopped waiting for `state` (finished, failed or gone). While the
+        scheduler may still send outputs for it, the request is aborted and its rid
+        held until the scheduler's finish arrives: a retry under the same rid must not
+        be answered with this request's outputs."""
+        if self.rid_to_state.get(state.obj.rid) is not state:
+            return
+        if state.scheduler_done or self._dead_message is not None:
+            self._unregister(state)
+            return
+        if state.finished_reason is None:  # an error that finished it here sent its abort
+            self.abort_request(state.obj.rid)
+        state.abandoned_at = time.monotonic()
+
+    def _drop_stale_abandoned(self, rid: str) -> None:
+        held = self.rid_to_state.get(rid)
+        if held is not None and held.abandoned_at is not None:
+            if time.monotonic() - held.abandoned_at > ABANDONED_RID_HOLD_S:
+                logger.warning("request %s: no finish came for its abort; rid released", rid)
+                self._unregister(held)
 
     def _unregister(self, state: ReqState) -> bool:
         """Stop tracking `state`; whether it was tracked until now."""
@@ -571,7 +603,15 @@ class TokenizerManager(TokenizerEmbeddingMixin):
     def _handle_batch_output(self, msg: BatchStrOutput) -> None:
         for i, rid in enumerate(msg.rids):
             state = self.rid_to_state.get(rid)
-            if state is None or state.finished_reason is not None:
+            if state is None:
+                continue
+            reason = msg.finished_reasons[i]
+            if reason is not None and reason.get("origin") != "detokenizer":
+                state.scheduler_done = True
+                if state.abandoned_at is not None:  # its caller left: the rid is free now
+                    self._unregister(state)
+                    continue
+            if state.abandoned_at is not None or state.finished_reason is not None:
                 # Already finished here (a detokenizer or absorb error): what follows
                 # is the scheduler's answer to our abort, which must not replace it.
                 continue
