@@ -131,8 +131,13 @@ def test_abort_and_control_reach_every_rank(tiny_llama_dir):
                 time.sleep(0.05)
             assert all(s["num_running_reqs"] == 1 for s in states), states  # one per rank
             assert not llm.flush_cache()  # every rank is busy
-            assert llm.abort_request("r10") and llm.abort_request("r11")
-            outs = [run.result(timeout=30) for run in runs]
+            assert llm.abort_request("r10")
+            first = runs[0].result(timeout=30)
+            # one rank idle, one busy: the idle one flushes, and the answer says which
+            flushed, busy = llm._run(llm.tokenizer_manager.flush_cache_ranks())
+            assert len(flushed) == 1 and len(busy) == 1 and flushed != busy
+            assert llm.abort_request("r11")
+            outs = [first, runs[1].result(timeout=30)]
         assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs)
         assert all(len(o["output_ids"]) < 400 for o in outs)
         assert llm.flush_cache()

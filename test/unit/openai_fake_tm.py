@@ -61,6 +61,7 @@ class FakeTokenizerManager:
     requests: list[Any] = field(default_factory=list)
     aborted: set[str] = field(default_factory=set)
     running: set[str] = field(default_factory=set)
+    flush_outcome: tuple[list[int], list[int]] | None = None  # (flushed, busy) DP ranks
     config: dict[str, Any] = field(default_factory=lambda: {"model_path": "/models/fake"})
     is_embedding: bool = False  # a generation model (embedding fakes override this)
     allow_auto_truncate: bool = False  # the fake refuses long prompts (no truncation)
@@ -184,6 +185,11 @@ class FakeTokenizerManager:
 
     async def flush_cache(self) -> bool:
         return not self.running
+
+    async def flush_cache_ranks(self) -> tuple[list[int], list[int]]:
+        if self.flush_outcome is not None:
+            return self.flush_outcome
+        return ([], [0]) if self.running else ([0], [])
 
     def text_to_encode(self, text: str, param: str) -> str:
         self.check_text_can_fit(text, param)

@@ -399,8 +399,13 @@ def test_readback_after_update_weights(client):
     assert_error(bad, 400, "model_path")
 
 
-def test_flush_and_abort(client, tm):
+def test_flush_and_abort(client, tm, monkeypatch):
     assert client.post("/flush_cache").status_code == 200
+    monkeypatch.setattr(tm, "flush_outcome", ([0], [1]))  # DP: rank 1 busy
+    partial = client.post("/flush_cache")
+    assert partial.status_code == 400
+    assert "ranks [0] only" in partial.json()["error"]["message"]
+    monkeypatch.setattr(tm, "flush_outcome", None)
     # 200 either way; success says whether the request was in flight
     assert client.post("/abort_request", json={"rid": "r1"}).json() == {
         "success": False,

@@ -320,9 +320,17 @@ def _redacted(config: dict[str, Any]) -> dict[str, Any]:
 @router.get("/flush_cache")
 @router.post("/flush_cache")
 async def flush_cache(raw_request: Request) -> Response:
-    if await server_state(raw_request).tokenizer_manager.flush_cache():
+    flushed, busy = await server_state(raw_request).tokenizer_manager.flush_cache_ranks()
+    if not busy:
         return PlainTextResponse("Cache flushed.\n")
-    raise APIError("Cache not flushed: requests are still running.", 400, code="cache_busy")
+    if not flushed:
+        raise APIError("Cache not flushed: requests are still running.", 400, code="cache_busy")
+    raise APIError(
+        f"Cache flushed on DP ranks {flushed} only: requests are still running on ranks "
+        f"{busy}, whose caches were kept.",
+        400,
+        code="cache_busy",
+    )
 
 
 class AbortRequestBody(BaseModel):

@@ -674,8 +674,14 @@ class TokenizerManager(TokenizerEmbeddingMixin):
     # ------------------------------------------------------------------ control API
 
     async def flush_cache(self) -> bool:
+        return not (await self.flush_cache_ranks())[1]
+
+    async def flush_cache_ranks(self) -> tuple[list[int], list[int]]:
+        """(DP ranks whose cache was flushed, ranks that refused: requests running there).
+        Each rank decides alone, as in SGLang: a busy rank does not stop an idle one."""
         outs = await self._control(FlushCacheReqInput(), FlushCacheReqOutput)
-        return all(out.success for out in outs)
+        ranks = [(out.dp_rank or 0, out.success) for out in outs]
+        return sorted(r for r, ok in ranks if ok), sorted(r for r, ok in ranks if not ok)
 
     async def get_internal_state(self) -> list[dict[str, Any]]:
         """One state per DP rank, in rank order."""
