@@ -352,6 +352,21 @@ def test_generate_single_and_batch(client):
     assert isinstance(batch, list) and len(batch) == 4
 
 
+def test_generate_batch_with_one_sampling_params_per_prompt(client):
+    # as SGLang's /generate: a list of sampling_params, one per prompt
+    body = {"text": ["ab", "cd"], "sampling_params": [{"max_new_tokens": 2, "temperature": 0},
+                                                      {"max_new_tokens": 5, "temperature": 0}]}  # fmt: skip
+    batch = client.post("/generate", json=body).json()
+    assert [len(out["output_ids"]) for out in batch] == [2, 5]
+    body["sampling_params"] = body["sampling_params"][:1]
+    assert assert_error(client.post("/generate", json=body), 400)["param"] == "sampling_params"
+    body["sampling_params"] = [{"n": 2}, {"n": 1}]
+    assert "n must be the same" in assert_error(client.post("/generate", json=body), 400)["message"]
+    body["sampling_params"] = [{"n": 2, "max_new_tokens": 1}, {"n": 2, "max_new_tokens": 3}]
+    outs = client.post("/generate", json=body).json()
+    assert [len(out["output_ids"]) for out in outs] == [1, 1, 3, 3]
+
+
 def test_generate_stream_cumulative(client):
     body = {"text": "ab", "stream": True, "sampling_params": {"max_new_tokens": 4}}
     with client.stream("POST", "/generate", json=body) as response:

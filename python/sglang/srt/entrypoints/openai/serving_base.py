@@ -84,13 +84,14 @@ def mark_samples(objs: list[Any], request_id: str, user_rid: str | None) -> list
 def plan_choices(
     request_id: str,
     user_rid: str | None,
-    params: dict[str, Any],
+    params: dict[str, Any] | list[dict[str, Any]],
     num_prompts: int,
     n: int,
     prompt_param: str = "prompt",
 ) -> list[tuple[int, dict[str, Any], str]]:
     """(prompt index, sampling dict, rid) of each choice: choice k is sample k % n of
-    prompt k // n, and sample j of a seeded request samples with seed + j."""
+    prompt k // n, and sample j of a seeded request samples with seed + j. `params`:
+    one dict for every prompt, or one per prompt."""
     if num_prompts * n > MAX_CHOICES_PER_REQUEST:
         raise APIError(
             f"{num_prompts} prompts x n={n} is {num_prompts * n} generations; one request "
@@ -99,7 +100,8 @@ def plan_choices(
             code="invalid_value",
         )
     rids = choice_rids(request_id, user_rid, num_prompts * n)
-    return [(k // n, for_choice(params, k % n), rid) for k, rid in enumerate(rids)]
+    per_prompt = params if isinstance(params, list) else [params] * num_prompts
+    return [(k // n, for_choice(per_prompt[k // n], k % n), rid) for k, rid in enumerate(rids)]
 
 
 def check_model_name(tokenizer_manager: Any, model: str) -> None:

@@ -46,7 +46,8 @@ class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: Union[strict(str), list[strict(str)], None] = None
     input_ids: Union[list[NonNegInt], list[list[NonNegInt]], None] = None
-    sampling_params: SamplingParamsSpec | None = None
+    # one dict for every prompt, or one per prompt (a batch), as SGLang's /generate
+    sampling_params: Union[SamplingParamsSpec, list[SamplingParamsSpec], None] = None
     rid: RequestId | None = None
     stream: Flag = False
     return_logprob: Flag = False
@@ -58,6 +59,9 @@ class GenerateRequest(BaseModel):
     def _one_prompt_kind(self) -> GenerateRequest:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of text and input_ids")
+        if isinstance(self.sampling_params, list):
+            if len({p.n for p in self.sampling_params}) > 1:
+                raise ValueError("sampling_params: every prompt's n must be the same")
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -77,15 +81,33 @@ class GenerateRequest(BaseModel):
         return not single or self.num_samples() > 1
 
     def num_samples(self) -> int:
-        return self.sampling_params.n if self.sampling_params is not None else 1
+        params = self.sampling_params
+        if isinstance(params, list):
+            return params[0].n if params else 1
+        return params.n if params is not None else 1
 
-    def params_dict(self) -> dict[str, Any]:
-        """The sampling fields the client set, without `n` (fanned out here)."""
-        if self.sampling_params is None:
-            return {}
-        params = self.sampling_params.model_dump(exclude_unset=True)
-        params.pop("n", None)
-        return params
+    def params_dicts(self, num_prompts: int) -> list[dict[str, Any]]:
+        """Each prompt's sampling fields as the client set them, without `n` (fanned
+        out here)."""
+        given = self.sampling_params
+        if not isinstance(given, list):
+            return [_set_fields(given)] * num_prompts
+        if len(given) != num_prompts:
+            raise APIError(
+                f"sampling_params has {len(given)} entries for {num_prompts} prompts; give "
+                "one dict for all, or one per prompt",
+                param="sampling_params",
+                code="invalid_value",
+            )
+        return [_set_fields(p) for p in given]
+
+
+def _set_fields(params: SamplingParamsSpec | None) -> dict[str, Any]:
+    if params is None:
+        return {}
+    fields = params.model_dump(exclude_unset=True)
+    fields.pop("n", None)
+    return fields
 
 
 def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
@@ -96,8 +118,9 @@ def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
     prompt_param = "text" if request.text is not None else "input_ids"
     request_id = new_request_id("gen")
     choices = plan_choices(
-        request_id, request.rid, request.params_dict(), len(prompts), n, prompt_param
-    )
+        request_id, request.rid, request.params_dicts(len(prompts)), len(prompts), n,
+        prompt_param,
+    )  # fmt: skip
     objs = [_one_input(request, prompts[i], p, rid) for i, p, rid in choices]
     return mark_samples(objs, request_id, request.rid)
 
