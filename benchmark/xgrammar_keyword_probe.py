@@ -4,7 +4,8 @@ keyword compiles to nothing). Feeds constrained/json_schema_support.IGNORED_KEYW
 
     python benchmark/xgrammar_keyword_probe.py
 """
-import json, xgrammar as xgr
+import json
+import xgrammar as xgr
 from xgrammar.testing import _is_grammar_accept_string as acc
 import importlib.metadata as md; print(md.version("xgrammar"))
 cases = {

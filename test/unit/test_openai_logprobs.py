@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
+from sglang.demo_models import demo_target_path
 from sglang.srt.entrypoints.openai.logprobs import (
     chat_logprobs,
     completion_logprobs,
     raw_token_bytes,
 )
-from sglang.demo_models import demo_target_path
 
 TEXT = "🙂é 你好 ok"
 

@@ -22,6 +22,7 @@ from sglang.srt.arg_groups.attention_support import (
     default_attention_backend,
 )
 from sglang.srt.arg_groups.spec import DRAFT_MODEL_ALGORITHMS
+from sglang.srt.configs.context_length import check_context_override, model_context_len
 from sglang.srt.environ import envs
 
 logger = logging.getLogger(__name__)
@@ -113,34 +114,14 @@ def read_hf_config(model_path: str) -> dict[str, Any] | None:
         return None
 
 
-def _context_from_config(config: dict[str, Any]) -> int | None:
-    value = config.get("max_position_embeddings")
-    if value is None:
-        value = (config.get("text_config") or {}).get("max_position_embeddings")
-    return int(value) if value is not None else None
-
-
 def resolve_context_length(c: Any) -> Resolved:
-    if c.context_length is not None:
-        _check_context_length(c.context_length, read_hf_config(c.model_path))
-        return None
     config = read_hf_config(c.model_path)
-    value = _context_from_config(config) if config else None
+    model_len = model_context_len(config) if config else None
+    if c.context_length is not None:  # ModelConfig checks it again in the scheduler
+        check_context_override(c.context_length, model_len)
+        return None
     # Left None when unknown (e.g. a hub id): the model loader fills it.
-    return ("hf_config", {"context_length": value}) if value is not None else None
-
-
-def _check_context_length(asked: int, config: dict[str, Any] | None) -> None:
-    """Here in the launcher, the check the model's config repeats in the scheduler."""
-    model_len = _context_from_config(config) if config else None
-    if model_len is None or asked <= model_len:
-        return
-    if not envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get():
-        raise ValueError(
-            f"context_length={asked} is longer than the model's {model_len} "
-            f"(max_position_embeddings in config.json); set "
-            f"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 to allow it"
-        )
+    return ("hf_config", {"context_length": model_len}) if model_len is not None else None
 
 
 def _config_dtype(config: dict[str, Any] | None) -> str:
@@ -274,7 +255,6 @@ def resolve_grammar_backend(c: Any) -> Resolved:
 
 def resolve_from_env(c: Any) -> Resolved:
     """SGLANG_NUM_THREADS fills an unset --num-threads; SGLANG_LOG_LEVEL wins over --log-level."""
-    from sglang.srt.environ import envs
 
     out: dict[str, Any] = {}
     if c.num_threads is None and envs.SGLANG_NUM_THREADS.is_set():

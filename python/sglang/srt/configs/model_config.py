@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sglang.srt.environ import envs
+from sglang.srt.configs.context_length import check_context_override, model_context_len
 from sglang.srt.model_loader.weight_utils import resolve_model_path
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ _ARCH_BY_MODEL_TYPE = {
 # model types whose models apply each layer's sliding window (ModelConfig.layer_windows);
 # the others keep sequences inside the window (_cap_to_sliding_window)
 _WINDOWED_MODEL_TYPES = frozenset({"mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"})
-_CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
+DEFAULT_CONTEXT_LEN = 2048  # a config.json that names no context length
 
 
 class ModelConfig:
@@ -202,16 +202,11 @@ def _resolve_dtype_name(dtype: str | torch.dtype | None, raw: dict[str, Any]) ->
 
 
 def _context_len(raw: dict[str, Any], override: int | None, longer_ok: bool) -> int:
-    derived = next((int(raw[k]) for k in _CONTEXT_KEYS if raw.get(k)), 2048)
+    derived = model_context_len(raw) or DEFAULT_CONTEXT_LEN
     if override is None:
         return derived
+    check_context_override(override, derived, longer_ok)
     if override > derived:
-        if not (longer_ok or envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get()):
-            raise ValueError(
-                f"context_length={override} is longer than the model's {derived} "
-                f"(max_position_embeddings in config.json); positions past it were never "
-                f"trained. Set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 to allow it"
-            )
         logger.warning("context_length %d exceeds the model's %d", override, derived)
     return int(override)
 

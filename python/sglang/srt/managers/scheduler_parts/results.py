@@ -6,13 +6,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from sglang.srt.constrained.base import InvalidGrammarError, key_of
+from sglang.srt.layers.sampler import NO_ALLOWED_TOKEN
 from sglang.srt.managers.detokenizer_manager import (
     find_stop,
     last_token_start,
     stop_window_tokens,
     trim_incomplete_utf8,
 )
-from sglang.srt.layers.sampler import NO_ALLOWED_TOKEN
 from sglang.srt.managers.fault_injection import is_fatal
 from sglang.srt.managers.io_struct import BatchTokenIDOutput, DecodeParams
 from sglang.srt.managers.request_errors import internal_error_reason, invalid_request_reason
