@@ -509,7 +509,11 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         left rid_to_state)."""
         fanned = [r for r, state in self.rid_to_state.items()
                   if with_samples and state.obj.parent_rid == rid]  # fmt: skip
-        found = rid in self.rid_to_state or bool(fanned)
+        # a request whose caller left is being aborted already: not "in flight" to report
+        found = any(
+            self.rid_to_state[r].abandoned_at is None for r in [rid, *fanned]
+            if r in self.rid_to_state
+        )  # fmt: skip
         if self._dead_message is None:
             for r in [rid, *fanned]:
                 self.send_to_scheduler.send(AbortReq(rid=r, message=message))
