@@ -209,6 +209,28 @@ def test_auto_stream_sends_content_then_name_then_arguments(serve):
     assert "<tool_call>" not in joined(events, "content")
 
 
+@pytest.mark.parametrize(
+    "script, extra",
+    [
+        ('<tool_call>{"name": "get_weather", "arguments": {"city": "a\\ud83d"}}</tool_call>',
+         {"tool_call_parser": "qwen25"}),
+        ('[get_weather(city="a\\ud83d")]', {"tool_call_parser": "pythonic"}),
+        ('[{"name": "get_weather", "parameters": {"city": "a\\ud83d"}}]', {}),
+    ],
+)  # fmt: skip
+def test_a_lone_surrogate_escape_in_arguments_stays_escaped(serve, script, extra):
+    # "\ud83d" alone is valid JSON but no UTF-8 text: the arguments keep it escaped
+    # (it was a 500, and a stream cut without [DONE])
+    client = serve(make_tm(script, **extra))
+    forced = {} if extra else {"tool_choice": "required"}
+    response = chat(client, tools=TOOLS, **forced)
+    assert response.status_code == 200, response.text
+    (call,) = response.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["arguments"] == '{"city": "a\\ud83d"}'
+    (streamed,) = streamed_calls(stream_events(client, tools=TOOLS, **forced))
+    assert streamed["arguments"] == call["function"]["arguments"]
+
+
 TWO_QWEN_CALLS = QWEN_CALL + (
     '\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
 )

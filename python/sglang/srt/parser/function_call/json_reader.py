@@ -20,7 +20,11 @@ from __future__ import annotations
 import json
 import re
 
-from sglang.srt.parser.function_call.text_utils import JSON_WHITESPACE, dump_arguments
+from sglang.srt.parser.function_call.text_utils import (
+    JSON_WHITESPACE,
+    dump_arguments,
+    json_text,
+)
 
 ReaderEvent = tuple
 
@@ -229,7 +233,7 @@ class JsonObjectReader:
         if self._string_is_outer_key:
             self._key_parts.append(decoded)
         else:
-            self._frag(json.dumps(decoded, ensure_ascii=False)[1:-1], events)
+            self._frag(json_text(decoded)[1:-1], events)
 
     @staticmethod
     def _frag(text: str, events: list[ReaderEvent]) -> None:

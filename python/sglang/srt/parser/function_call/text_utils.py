@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 JSON_WHITESPACE = " \t\n\r"
@@ -19,9 +20,22 @@ def partial_suffix_len(text: str, marker: str) -> int:
     return 0
 
 
+# A surrogate code point in a Python str is a lone half (a pair decodes to one char):
+# JSON may escape one (`"\\ud83d"`), but UTF-8 cannot encode it raw.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_text(value: Any) -> str:
+    """json.dumps(value, ensure_ascii=False), with lone surrogates left escaped (as
+    `\\udXXX`), so the text encodes to UTF-8 for the response; ValueError/TypeError when
+    not JSON-representable."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def dump_arguments(args: Any) -> str:
     """The canonical arguments text; ValueError/TypeError when not JSON-representable."""
-    return json.dumps(args, ensure_ascii=False, allow_nan=False)
+    return json_text(args)
 
 
 def tool_names(tools: list[dict] | None) -> frozenset[str]:
