@@ -413,6 +413,22 @@ def test_reasoning_streams_before_the_end_tag(serve):
     assert len(pieces) == 1 and pieces[0].strip() == "a" * 40
 
 
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek-r1"])
+@pytest.mark.parametrize(
+    "extra",
+    [{"response_format": {"type": "json_object"}}, {"regex": "[{].*"},
+     {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}],
+)  # fmt: skip
+def test_output_shaped_by_a_grammar_is_content_not_reasoning(serve, parser, extra):
+    # the grammar constrains the first token on: the model cannot think, the JSON is
+    # the answer (a thinking parser put it all in reasoning_content)
+    client = serve(make_tm('{"a": 1}', reasoning_parser=parser))
+    message = chat(client, **extra).json()["choices"][0]["message"]
+    assert message["content"] == '{"a": 1}' and not message.get("reasoning_content")
+    events = stream_events(client, **extra)
+    assert joined(events, "content") == '{"a": 1}' and not joined(events, "reasoning_content")
+
+
 def test_separate_reasoning_false_keeps_the_text_whole(serve):
     script = "<think>hm</think>ok"
     client = serve(make_tm(script, reasoning_parser="qwen3"))

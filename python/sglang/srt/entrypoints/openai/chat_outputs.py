@@ -129,6 +129,8 @@ def plan_output(
     """The plan for `request` on an engine with these parsers in effect."""
     mode = tool_mode(request)
     reasoning = reasoning_parser if request.separate_reasoning else None
+    if shaped_from_first_token(request):  # the grammar leaves no room to think: content
+        reasoning = None
     force = None
     if reasoning in THINKING_SWITCH:
         key, default = THINKING_SWITCH[reasoning]
@@ -182,6 +184,15 @@ def check_tools(request: ChatCompletionRequest) -> None:
             param="tool_choice",
             code="invalid_value",
         )
+
+
+def shaped_from_first_token(request: ChatCompletionRequest) -> bool:
+    """The request's own grammar constrains its output from the first token (regex,
+    json_schema, ebnf, a JSON response_format); a structural tag leaves text free."""
+    if any(getattr(request, name) is not None for name in ("regex", "json_schema", "ebnf")):
+        return True
+    fmt = request.response_format
+    return fmt is not None and fmt.type in ("json_object", "json_schema")
 
 
 def has_own_grammar(request: ChatCompletionRequest) -> bool:
