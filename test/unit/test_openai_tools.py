@@ -452,6 +452,21 @@ def test_chat_template_kwargs_reach_the_template(serve):
     assert tm.tokenizer.calls[-1]["enable_thinking"] is False
 
 
+def test_add_generation_prompt_reaches_the_template(serve):
+    # vLLM's field: the default opens the assistant's turn unless continuing one
+    tm = make_tm("x")
+    client = serve(tm)
+    chat(client)
+    assert tm.tokenizer.calls[-1]["add_generation_prompt"] is True
+    chat(client, add_generation_prompt=False)
+    assert tm.tokenizer.calls[-1]["add_generation_prompt"] is False
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]
+    chat(client, messages=messages, continue_final_message=True)
+    assert tm.tokenizer.calls[-1]["add_generation_prompt"] is False
+    both = chat(client, messages=messages, continue_final_message=True, add_generation_prompt=True)
+    assert both.status_code == 400 and "cannot both be true" in both.json()["error"]["message"]
+
+
 def test_reasoning_then_tool_call(serve):
     script = "<think>Need the weather.</think>" + QWEN_CALL
     client = serve(make_tm(script, reasoning_parser="qwen3", tool_call_parser="qwen25"))

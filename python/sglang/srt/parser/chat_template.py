@@ -109,10 +109,14 @@ def render_chat(
     template: str | None = None,
     *,
     continue_final_message: bool = False,
+    add_generation_prompt: bool | None = None,
     tools: list[dict[str, Any]] | None = None,
     extra_kwargs: dict[str, Any] | None = None,
 ) -> str:
-    """The prompt text for `messages` (opening the assistant turn unless continuing)."""
+    """The prompt text for `messages`, opening the assistant turn when
+    add_generation_prompt (default: unless continuing the last message)."""
+    if add_generation_prompt is None:
+        add_generation_prompt = not continue_final_message
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError("the model has no chat template; start with --chat-template FILE")
     kwargs: dict[str, Any] = dict(extra_kwargs or {})
@@ -120,7 +124,7 @@ def render_chat(
     if reserved:
         raise ChatTemplateError(
             f"chat_template_kwargs may not set {', '.join(reserved)} (the request's own "
-            "fields do: messages, tools, continue_final_message)",
+            "fields do: messages, tools, continue_final_message, add_generation_prompt)",
             param="chat_template_kwargs",
         )
     if tools:
@@ -130,7 +134,7 @@ def render_chat(
             normalize_messages(messages),
             chat_template=template,
             tokenize=False,
-            add_generation_prompt=not continue_final_message,
+            add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             **kwargs,
         )

@@ -143,4 +143,5 @@ def _is_type_tag(part: object) -> bool:
         part in _TYPE_TAGS
         or "[" in part
         or part.startswith(("function-", "union", "constrained-"))  # constrained-str: a str with a rule
+        or part[:1].isupper()  # a model member of a union (SamplingParamsSpec): fields are lower
     )

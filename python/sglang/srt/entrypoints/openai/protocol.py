@@ -10,7 +10,14 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from sglang.srt.sampling.param_types import (
     MAX_OPENAI_TOP_LOGPROBS,
@@ -281,10 +288,21 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: Flag = True  # false: at most one call per choice
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: Flag = False
+    # vLLM's: open the assistant's turn in the prompt (default: unless continuing one)
+    add_generation_prompt: Flag | None = None
     # SGLang extras: with a reasoning parser, split the <think> part into
     # `reasoning_content` (and stream it as it comes, unless stream_reasoning is off).
     separate_reasoning: Flag = True
     stream_reasoning: Flag = True
+
+    @model_validator(mode="after")
+    def _continue_or_open_a_turn(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "continue_final_message and add_generation_prompt cannot both be true "
+                "(continue the last assistant message, or open a new turn)"
+            )
+        return self
 
     @field_validator("tool_choice", mode="before")
     @classmethod

@@ -103,6 +103,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 messages,
                 self.chat_template,
                 continue_final_message=request.continue_final_message,
+                add_generation_prompt=request.add_generation_prompt,
                 tools=template_tools(request),
                 extra_kwargs=request.chat_template_kwargs,
             )
