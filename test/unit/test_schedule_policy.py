@@ -7,6 +7,7 @@ from sglang.srt.managers.schedule_policy import (
     NewTokenRatio,
     PrefillBudget,
     SchedulePolicy,
+    effective_policy,
     pick_retractions,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -45,6 +46,21 @@ def test_dfs_weight_groups_requests_of_the_heavier_subtree():
     reqs = [make_req(k) for k in "abcde"]
     ordered = SchedulePolicy("dfs-weight").order(reqs, lambda r: (0, nodes[r.rid]))
     assert [r.rid for r in ordered] == ["b", "c", "e", "a", "d"]
+
+
+def test_dfs_weight_admits_requests_matched_to_no_node():
+    # without a radix cache no request matches a node: all are still admitted, in order
+    # (the queue never ran: every step admitted nothing)
+    reqs = [make_req(k) for k in "abc"]
+    ordered = SchedulePolicy("dfs-weight").order(reqs, lambda r: (0, None))
+    assert [r.rid for r in ordered] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
+def test_prefix_policies_without_a_radix_cache_run_fcfs(policy):
+    assert effective_policy(policy, radix_cache_disabled=True) == "fcfs"
+    assert effective_policy(policy, radix_cache_disabled=False) == policy
+    assert effective_policy("random", radix_cache_disabled=True) == "random"
 
 
 def test_unknown_policy_is_rejected():

@@ -5,6 +5,7 @@ Pure decisions over numbers and request fields; no I/O, no allocation.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,9 +13,26 @@ from typing import Any
 
 from sglang.srt.managers.schedule_batch import Req
 
+logger = logging.getLogger(__name__)
+
 POLICIES = ("fcfs", "lpm", "dfs-weight", "random")
 # Past this queue length, prefix-aware orderings cost more than they save.
 PREFIX_POLICY_MAX_QUEUE = 128
+
+
+PREFIX_POLICIES = ("lpm", "dfs-weight")
+
+
+def effective_policy(policy: str, radix_cache_disabled: bool) -> str:
+    """The policy the scheduler runs: a prefix-aware one needs the radix cache, so
+    without it the queue is served first come, first served (as SGLang does), logged."""
+    if policy in PREFIX_POLICIES and radix_cache_disabled:
+        logger.warning(
+            "--schedule-policy %s orders by cached prefixes; with --disable-radix-cache "
+            "there are none: fcfs instead", policy,
+        )  # fmt: skip
+        return "fcfs"
+    return policy
 
 
 class SchedulePolicy:
@@ -65,7 +83,8 @@ def _dfs_weight_order(waiting: list[Req], last_nodes: dict[int, Any]) -> list[Re
         node = stack.pop()
         out.extend(by_node.get(id(node), []))
         stack.extend(sorted(children.get(id(node), []), key=lambda n: weight[id(n)]))
-    return out
+    # a request matched to no node (no cache to match) is still admitted, last
+    return out + by_node.get(id(None), [])
 
 
 def page_span(start: int, end: int, page_size: int = 1) -> int:

@@ -21,7 +21,7 @@ import torch
 from sglang.srt.managers.fault_injection import FaultInjector
 from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch, finish_abort
-from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy
+from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy, effective_policy
 from sglang.srt.managers.scheduler_parts.admission import SchedulerAdmissionMixin
 from sglang.srt.managers.scheduler_parts.embedding import SchedulerEmbeddingMixin
 from sglang.srt.managers.scheduler_parts.faults import SchedulerFaultsMixin
@@ -98,7 +98,10 @@ class Scheduler(
 
     def _init_config(self) -> None:
         sched, mem = get_schedule(), get_memory()
-        self.policy = SchedulePolicy(sched.schedule_policy, seed=get_exec().random_seed or 0)
+        self.policy = SchedulePolicy(
+            effective_policy(sched.schedule_policy, mem.disable_radix_cache),
+            seed=get_exec().random_seed or 0,
+        )
         self.chunked_prefill_size = sched.chunked_prefill_size
         self.max_prefill_tokens = sched.max_prefill_tokens
         self.enable_mixed_chunk = sched.enable_mixed_chunk
