@@ -14,7 +14,9 @@ way (as on GPUs); token-for-token equality is float32's promise.
 from __future__ import annotations
 
 import json
+import shutil
 import random
+import re
 import time
 
 import pytest
@@ -188,3 +190,46 @@ def test_constrained_requests_draft_within_their_grammar(engine, reference):
     assert constrained_outputs(engine) == reference[32:]
     after = engine.get_server_info()["internal_states"][0]["spec_verify_rounds"]
     assert after > before  # constrained requests did draft
+
+
+def test_sampled_constrained_requests_do_not_draft_from_a_draft_model(engine):
+    """A grammar cuts a drafted token it refuses before verification; for a draw from the
+    draft model's q the cut depends on the draw and would bias the output, so a sampled
+    constrained request decodes without drafts there (a deterministic NGRAM draft keeps
+    them: its cut does not bias)."""
+    sampled = {**CONSTRAINED[0], "temperature": 1.0, "max_new_tokens": 40}
+    before = engine.get_server_info()["internal_states"][0]["spec_verify_rounds"]
+    outs = engine.generate(prompts()[:2], sampled)
+    assert all(re.fullmatch(REGEX, o["text"]) for o in outs), [o["text"] for o in outs]
+    rounds = engine.get_server_info()["internal_states"][0]["spec_verify_rounds"] - before
+    if engine.config_name.startswith("standalone"):
+        assert rounds == 0
+
+
+def test_a_draft_with_a_smaller_vocabulary_drafts_for_sampled_requests(tmp_path):
+    """A draft whose vocabulary is a prefix of the target's (Qwen2.5-0.5B has 151,936
+    tokens, 7B 152,064): its q rows are padded with zeros to the target's width, so
+    sampled requests verify their drafts (every such verify used to raise)."""
+    from safetensors.torch import load_file, save_file
+
+    from sglang.demo_models import demo_draft_path
+
+    draft = tmp_path / "draft-small-vocab"
+    shutil.copytree(demo_draft_path(), draft)
+    small = VOCAB - 192
+    weights = load_file(draft / "model.safetensors")
+    cut = {k: (v[:small].clone() if v.shape[0] == VOCAB else v) for k, v in weights.items()}
+    save_file(cut, draft / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**config, "vocab_size": small}))
+    sampled = {"max_new_tokens": 32, "temperature": 1.0, "ignore_eos": True}  # no seed: drafts
+    with sgl.Engine(
+        model_path=str(demo_target_path()), speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(draft), **COMMON,
+    ) as llm:  # fmt: skip
+        outs = llm.generate(prompts()[:6], sampled)
+        state = idle_state(llm)
+    assert all(len(o["output_ids"]) == 32 for o in outs)
+    # drafts were verified: rounds that each kept more than one token on average
+    assert state["spec_verify_rounds"] > 0 and state["avg_spec_accept_length"] > 1.0, state
+    assert not idle_pool_problems(state), idle_pool_problems(state)

@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 class NgramDrafter:
     """Prompt/output lookup: what followed the longest earlier match of the sequence's end."""
 
+    draws_from_q = False  # its drafts are point masses
+
     def __init__(self, min_window: int, max_window: int) -> None:
         self.min_window, self.max_window = min_window, max_window
 
@@ -66,13 +68,20 @@ class StandaloneDrafter:
     draft keeps [0, L + min(n + 1, k)) and frees the rest at once.
     """
 
-    def __init__(self, worker: TpModelWorker) -> None:
+    # Sampled drafts come from a distribution q (verified by rejection sampling against
+    # the target's p); a deterministic drafter's are point masses.
+    draws_from_q = True
+
+    def __init__(self, worker: TpModelWorker, target_vocab_size: int | None = None) -> None:
+        """target_vocab_size: the width of the target's rows, which q rows are padded to
+        (a draft's vocabulary may be smaller: Qwen2.5-0.5B 151,936 vs 7B's 152,064)."""
         self.worker = worker
         runner = worker.model_runner
         self.req_to_token_pool = runner.req_to_token_pool
         self.allocator = runner.token_to_kv_pool_allocator
         self.max_total_num_tokens = runner.max_total_num_tokens
         self.vocab_size = worker.model_config.vocab_size
+        self.q_width = max(target_vocab_size or 0, self.vocab_size)
 
     # ------------------------------------------------------------------ propose
 
@@ -139,7 +148,7 @@ class StandaloneDrafter:
             req.draft_kv_len = end
         batch = ModelWorkerBatch(
             forward_mode=ForwardMode.EXTEND,
-            input_ids=torch.tensor(input_ids, dtype=torch.int64),
+            input_ids=self._known_ids(torch.tensor(input_ids, dtype=torch.int64)),
             req_pool_indices=torch.tensor([reqs[i].draft_pool_idx for i in active]),
             seq_lens=torch.tensor([reqs[i].draft_kv_len for i in active]),
             out_cache_loc=torch.cat(locs).to(torch.int64),
@@ -157,12 +166,20 @@ class StandaloneDrafter:
             req.draft_kv_len += 1
         batch = ModelWorkerBatch(
             forward_mode=ForwardMode.DECODE,
-            input_ids=torch.tensor([drafts[i][-1] for i in active], dtype=torch.int64),
+            input_ids=self._known_ids(
+                torch.tensor([drafts[i][-1] for i in active], dtype=torch.int64)
+            ),
             req_pool_indices=torch.tensor([reqs[i].draft_pool_idx for i in active]),
             seq_lens=torch.tensor([reqs[i].draft_kv_len for i in active]),
             out_cache_loc=loc.to(torch.int64),
         )
         return self.worker.forward_batch_logits(batch).next_token_logits
+
+    def _known_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target tokens past the draft's vocabulary (ids its embedding lacks) read as
+        its last id: a worse guess for the next draft, never a wrong output (the target
+        verifies every draft)."""
+        return ids.clamp_(max=self.vocab_size - 1)
 
     def _draw(self, reqs, active, logits, drafts, q_rows) -> None:
         """Greedy requests draft the argmax; sampled ones draw from their filtered q."""
@@ -172,7 +189,7 @@ class StandaloneDrafter:
             params = reqs[i].sampling_params
             if params.is_greedy:
                 drafts[i].append(best[row])
-                q_rows[i].append(logits.new_zeros(logits.shape[-1]))  # unused: greedy
+                q_rows[i].append(logits.new_zeros(self.q_width))  # unused: greedy
                 continue
             q = target_probs(
                 logits[row : row + 1],
@@ -182,7 +199,8 @@ class StandaloneDrafter:
                 torch.tensor([params.min_p]),
             )[0]
             drafts[i].append(int(torch.multinomial(q, 1)))
-            q_rows[i].append(q)
+            # tokens past the draft's vocabulary are never drafted: q is 0 there
+            q_rows[i].append(torch.nn.functional.pad(q, (0, self.q_width - q.shape[-1])))
 
     # ------------------------------------------------------------------ after verify
 

@@ -83,7 +83,9 @@ class SchedulerSpeculativeMixin:
                 spec.speculative_ngram_max_match_window_size,
             )
         else:
-            self.drafter = StandaloneDrafter(self._build_draft_worker(spec, model_config))
+            self.drafter = StandaloneDrafter(
+                self._build_draft_worker(spec, model_config), model_config.vocab_size
+            )
         logger.info(
             "speculative decoding: %s, %d draft tokens per round, off above %d running requests",
             self.spec_algorithm,
@@ -179,6 +181,12 @@ class SchedulerSpeculativeMixin:
         """Draft tokens this request may verify this round (0 = an ordinary decode row)."""
         if req.needs_fresh_sampling_info() or req.sampling_params.logit_bias:
             return 0
+        if req.grammar is not None and not req.sampling_params.is_greedy:
+            # Drafts a grammar refuses are cut before verification; for a draw from q
+            # that cut depends on the draw and biases the output away from p (0.75 /
+            # 0.25 for p = 0.5 / 0.5), so such requests decode without drafts.
+            if self.drafter.draws_from_q:
+                return 0
         remaining = req.max_new_tokens - len(req.output_ids)
         room = self.context_len - req.seq_len
         return max(0, min(self.spec_num_steps, remaining - 1, room - 1))
