@@ -298,6 +298,24 @@ def test_speculative_flags_checked_naming_the_field():
     assert resolution_result(sa, "speculative_num_steps") == 3  # the record keeps None
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [("speculative_num_steps", 3), ("speculative_draft_model_path", "/tmp"),
+     ("speculative_eagle_topk", 1), ("speculative_ngram_max_match_window_size", 4),
+     ("speculative_disable_by_batch_size", 4)],
+)  # fmt: skip
+def test_speculative_flags_without_an_algorithm_are_refused(field, value):
+    # parsed and ignored otherwise: the server would decode without speculation
+    with pytest.raises(ValueError, match=f"{field} is set but speculative_algorithm is not"):
+        cpu_args(**{field: value}).resolve_once()
+
+
+def test_ngram_flags_with_a_draft_model_algorithm_are_refused():
+    with pytest.raises(ValueError, match="used by NGRAM only"):
+        cpu_args(speculative_algorithm="STANDALONE",
+                 speculative_ngram_min_match_window_size=2).resolve_once()  # fmt: skip
+
+
 def test_mixed_chunk_refused_where_nothing_decodes_beside_a_prefill():
     with pytest.raises(ValueError, match="enable_mixed_chunk is not accepted with is_embedding"):
         cpu_args(enable_mixed_chunk=True, is_embedding=True).resolve_once()

@@ -285,6 +285,30 @@ def test_cuda_graph_flags_are_noops_on_cpu_with_a_warning(caplog):
     assert any(m.startswith("--cuda-graph-max-bs has no effect on cpu") for m in messages)
 
 
+def test_flags_the_rest_of_the_config_leaves_unread_warn(caplog, tmp_path):
+    # --revision only picks a hub revision; --load-balance-method only routes DP ranks
+    caplog.set_level(logging.WARNING, logger="sglang.srt.arg_groups.validation")
+    (tmp_path / "config.json").write_text("{}")
+    ServerArgs(model_path=str(tmp_path), device="cpu", revision="v2",
+               load_balance_method="shortest_queue").resolve_once()  # fmt: skip
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(m.startswith("--revision has no effect here") for m in messages), messages
+    assert any(m.startswith("--load-balance-method has no effect here") for m in messages)
+    caplog.clear()
+    ServerArgs(model_path="org/model", device="cpu", revision="v2").resolve_once()  # a hub id
+    assert not [r for r in caplog.records if "has no effect" in r.getMessage()]
+
+
+def test_an_engine_warns_of_http_server_settings(caplog):
+    from sglang.srt.entrypoints.engine import _warn_http_only_fields
+
+    caplog.set_level(logging.WARNING, logger="sglang.srt.entrypoints.engine")
+    _warn_http_only_fields(ServerArgs(model_path="org/model", port=31234, api_key="k"))
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m.split(" ")[0] for m in messages] == ["port", "api_key"]
+    assert all("has no effect on an Engine" in m for m in messages)
+
+
 def test_no_warning_at_the_default(caplog):
     caplog.set_level(logging.WARNING, logger="sglang.srt.arg_groups.validation")
     ServerArgs(model_path="org/model", device="cpu").resolve_once()

@@ -14,6 +14,7 @@ import functools
 import logging
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from sglang.srt.arg_groups.arg_utils import flag_of, is_refused_value
@@ -258,9 +259,24 @@ def noop_fields(c: Any, fields: tuple[dataclasses.Field, ...]) -> list[tuple[str
 
 
 def warn_noops(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
-    """Log a warning for each flag that has no effect on the resolved device."""
+    """Log a warning for each flag that has no effect on the resolved device, or with
+    the rest of this config."""
     for name, why in noop_fields(c, fields):
         logger.warning("%s has no effect on %s: %s", flag_of(name), c.device, why)
+    defaults = {f.name: f.default for f in fields}
+    for name, why in _context_noops(c, defaults):
+        logger.warning("%s has no effect here: %s", flag_of(name), why)
+
+
+def _context_noops(c: Any, defaults: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, why) for each field set where the rest of the config leaves it unread."""
+    out = []
+    if c.revision is not None and Path(c.model_path).expanduser().is_dir():
+        out.append(("revision", f"model_path {c.model_path!r} is a local directory, "
+                                "not a hub id to fetch a revision of"))  # fmt: skip
+    if c.dp_size == 1 and c.load_balance_method != defaults["load_balance_method"]:
+        out.append(("load_balance_method", "it routes requests between DP ranks; dp_size is 1"))
+    return out
 
 
 def validate(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
@@ -276,6 +292,7 @@ def validate(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
     _check_topology(c)
     _check_backends(c)
     _check_speculative(c)
+    _check_spec_fields_used(c, fields)
     _check_mixed_chunk(c)
     _check_detokenizer_mode(c)
     _check_fp8_kv(c)
@@ -330,6 +347,31 @@ _DRAFT_MODEL_FIELDS = (
     "speculative_draft_attention_backend",
     "speculative_draft_load_format",
 )
+
+
+_NGRAM_FIELDS = (
+    "speculative_ngram_min_match_window_size",
+    "speculative_ngram_max_match_window_size",
+)
+
+
+def _check_spec_fields_used(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
+    """A speculative flag set without speculative decoding (or an NGRAM one with a draft
+    model) would be parsed and ignored: refused, naming what it needs."""
+    algo = c.speculative_algorithm
+    defaults = {f.name: f.default for f in fields if f.name.startswith("speculative_")}
+    typed = [n for n, d in defaults.items() if n != "speculative_algorithm" and getattr(c, n) != d]
+    if algo is None and typed:
+        raise ValueError(
+            f"{typed[0]} is set but speculative_algorithm is not: it would have no effect; "
+            "set speculative_algorithm (STANDALONE or NGRAM) or leave it unset"
+        )
+    ngram_typed = [n for n in typed if n in _NGRAM_FIELDS]
+    if algo is not None and algo != "NGRAM" and ngram_typed:
+        raise ValueError(
+            f"{ngram_typed[0]} is used by NGRAM only (speculative_algorithm={algo!r} drafts "
+            "with a draft model); leave it unset or use NGRAM"
+        )
 
 
 def _check_speculative(c: Any) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import logging
 import multiprocessing as mp
 import signal
@@ -535,6 +536,23 @@ def _record_detected_parsers(tokenizer_manager: TokenizerManager, launch_args: A
 # ----------------------------------------------------------------------------
 
 
+# ServerArgs fields that configure the HTTP server, which an Engine does not run
+HTTP_ONLY_FIELDS = (
+    "host", "port", "api_key", "max_request_body_mb", "skip_server_warmup", "enable_metrics",
+)  # fmt: skip
+
+
+def _warn_http_only_fields(server_args: Any) -> None:
+    """An Engine given HTTP-server settings: a warning each (no effect here)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(server_args)}
+    for name in HTTP_ONLY_FIELDS:
+        if getattr(server_args, name) != defaults[name]:
+            logger.warning(
+                "%s has no effect on an Engine: it configures the HTTP server "
+                "(python -m sglang.launch_server)", name,
+            )  # fmt: skip
+
+
 class Engine:
     """Offline generation: `Engine(model_path=...).generate(prompts, sampling_params)`."""
 
@@ -547,6 +565,7 @@ class Engine:
             raise ValueError("pass either server_args or keyword fields, not both")
         self.server_args = server_args
         self._closed = False
+        _warn_http_only_fields(server_args)
         self.tokenizer_manager, self._children = self._launch_subprocesses(server_args)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
