@@ -353,6 +353,20 @@ def test_required_cut_short_is_text_with_finish_length(serve):
     assert "tool_calls" not in choice["message"]
 
 
+@pytest.mark.parametrize("cut", [REQUIRED_OUT.index("}}") + 2, REQUIRED_OUT.index("Oslo") + 2])
+def test_required_cut_after_a_call_gives_the_streamed_calls(serve, cut):
+    """Cut off (max_tokens) after a first call: the answer holds the calls as a stream
+    sent them, the last one's arguments cut as OpenAI's are; stream and not agree."""
+    client = serve(make_tm(REQUIRED_OUT))
+    choice = chat(client, tools=TOOLS, tool_choice="required", max_tokens=cut).json()["choices"][0]
+    calls = [(c["function"]["name"], c["function"]["arguments"])
+             for c in choice["message"]["tool_calls"]]  # fmt: skip
+    assert choice["finish_reason"] == "length" and not choice["message"]["content"]
+    assert calls[0] == ("get_time", '{"tz": "UTC"}')
+    events = stream_events(client, tools=TOOLS, tool_choice="required", max_tokens=cut)
+    assert [(c["name"], c["arguments"]) for c in streamed_calls(events)] == calls
+
+
 def test_required_stream_cut_before_a_call_is_text(serve):
     """Cut off before a first call could be sent: the stream gives the text as content,
     as the non-stream answer does (nothing is lost)."""

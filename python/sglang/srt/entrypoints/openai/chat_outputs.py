@@ -35,6 +35,7 @@ from sglang.srt.parser.function_call import (
     parse_constrained_calls,
     tool_call_schema,
 )
+from sglang.srt.parser.function_call.core_types import ToolCallItem
 from sglang.srt.parser.reasoning_parser import ReasoningParser
 
 ToolMode = Literal["none", "auto", "constrained"]
@@ -103,12 +104,25 @@ class ChatOutputPlan:
 def parse_calls(plan: ChatOutputPlan, text: str) -> tuple[list[Any], str]:
     """(ToolCallItems with full arguments, content) of the text after reasoning."""
     if plan.tool_mode == "constrained":
-        items = parse_constrained_calls(text)  # [] when cut short: the text is content
-        return items, "" if items else text
+        items = parse_constrained_calls(text) or _calls_as_streamed(plan, text)
+        return items, "" if items else text  # no call at all (cut short): the text
     if not plan.parses_calls:
         return [], text
     normal_text, items = plan.call_parser().parse_non_stream(text)
     return plan.kept_calls(items), normal_text
+
+
+def _calls_as_streamed(plan: ChatOutputPlan, text: str) -> list[ToolCallItem]:
+    """Forced calls cut short (max_tokens): the calls a stream of `text` sends, each with
+    the arguments text it got (the last may be cut, as OpenAI's are), so both answers
+    agree; [] when it was cut before a first call."""
+    calls: dict[int, ToolCallItem] = {}
+    for piece in ConstrainedCallStream(list(plan.tools)).feed(text):
+        if piece.name is not None:
+            calls[piece.tool_index] = ToolCallItem(piece.tool_index, piece.name, "")
+        elif piece.tool_index in calls:
+            calls[piece.tool_index].parameters += piece.parameters
+    return [calls[i] for i in sorted(calls)]
 
 
 def _full_call(item: Any) -> ToolCall:
