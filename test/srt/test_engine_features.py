@@ -184,6 +184,18 @@ def test_logprobs(engine):
     assert meta["input_token_logprobs"][0][0] is None
 
 
+def test_logprob_options_per_prompt(engine):
+    # as SGLang's Engine: return_logprob / top_logprobs_num / logprob_start_len may be
+    # a list, one per prompt
+    outs = engine.generate([PROMPT, PROMPT], greedy(3), return_logprob=[True, True],
+                           top_logprobs_num=[1, 3], logprob_start_len=[-1, 0])  # fmt: skip
+    assert [len(o["meta_info"]["output_top_logprobs"][0]) for o in outs] == [1, 3]
+    assert not outs[0]["meta_info"]["input_token_logprobs"]
+    assert len(outs[1]["meta_info"]["input_token_logprobs"]) == outs[1]["meta_info"]["prompt_tokens"]
+    with pytest.raises(ValueError, match="top_logprobs_num: got 3 entries for 2 prompts"):
+        engine.generate([PROMPT, PROMPT], greedy(1), return_logprob=True, top_logprobs_num=[1, 2, 3])
+
+
 @pytest.mark.parametrize("logprob_start_len", [0, 8, 11])
 def test_prompt_logprobs_across_chunk_boundaries(engine, tiny_llama_dir, logprob_start_len):
     """Chunked prefill (8-token chunks) returns the same prompt logprobs as one

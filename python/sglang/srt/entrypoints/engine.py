@@ -58,11 +58,11 @@ _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 class RequestOptions(TypedDict, total=False):
     """The keyword options of `Engine.generate` / `async_generate` (GenerateReqInput's
-    defaults when absent); `rid` may be a list, one per prompt."""
+    defaults when absent); each may be a list, one per prompt, as SGLang's."""
 
-    return_logprob: bool
-    top_logprobs_num: int
-    logprob_start_len: int
+    return_logprob: bool | list[bool]
+    top_logprobs_num: int | list[int]
+    logprob_start_len: int | list[int]
     return_text_in_logprobs: bool
     rid: Any
 
@@ -862,9 +862,12 @@ def _build_requests(
     items, is_list = _prompt_items(prompt, input_ids)
     params = _per_prompt(sampling_params, len(items))
     rids = _per_prompt(rid, len(items)) if rid is not None else [None] * len(items)
+    # return_logprob, top_logprobs_num, logprob_start_len: one value, or one per prompt
+    per_prompt = {name: _per_prompt(value, len(items), name) for name, value in options.items()}
     reqs: list[GenerateReqInput] = []
-    for item, sp, r in zip(items, params, rids):
+    for i, (item, sp, r) in enumerate(zip(items, params, rids)):
         sp, n = _split_samples(sp)
+        mine = {name: values[i] for name, values in per_prompt.items()}
         for k in range(n):
             sample_rid = (f"{r}-{k}" if n > 1 else r) if r is not None else uuid.uuid4().hex
             reqs.append(
@@ -874,7 +877,7 @@ def _build_requests(
                     stream=stream,
                     rid=sample_rid,
                     parent_rid=r if n > 1 else None,
-                    **options,
+                    **mine,
                 )
             )
     return reqs, is_list or len(reqs) > 1
@@ -924,10 +927,11 @@ def _plain_ids(value: Any) -> Any:
     return [_plain_ids(v) for v in value]
 
 
-def _per_prompt(value: Any, count: int) -> list[Any]:
+def _per_prompt(value: Any, count: int, name: str | None = None) -> list[Any]:
     if isinstance(value, list):
         if len(value) != count:
-            raise ValueError(f"got {len(value)} entries for {count} prompts")
+            what = f"{name}: " if name else ""
+            raise ValueError(f"{what}got {len(value)} entries for {count} prompts")
         return value
     return [value] * count
 
