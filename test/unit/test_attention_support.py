@@ -180,10 +180,11 @@ def test_an_fp8_kv_cache_is_refused_with_an_attention_backend_that_cannot_read_i
 ):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # triton itself may run on cpu here
     path = _checkpoint(tmp_path, "bfloat16")
-    for field in ("attention_backend", "speculative_draft_attention_backend"):
+    draft = {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": path}
+    for field, extra in (("attention_backend", {}), ("speculative_draft_attention_backend", draft)):
         with pytest.raises(ValueError, match=rf"{field}='triton'.*only torch_native"):
             ServerArgs(
-                model_path=path, device="cpu", kv_cache_dtype=kv, **{field: "triton"}
+                model_path=path, device="cpu", kv_cache_dtype=kv, **{field: "triton"}, **extra
             ).resolve_once()
     with pytest.raises(ValueError, match=r"attention backend 'triton'.*only torch_native"):
         _ = _runner_on("cpu", kv, backend="triton").kv_cache_dtype
