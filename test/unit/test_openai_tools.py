@@ -443,6 +443,26 @@ def test_output_shaped_by_a_grammar_is_content_not_reasoning(serve, parser, extr
     assert joined(events, "content") == '{"a": 1}' and not joined(events, "reasoning_content")
 
 
+@pytest.mark.parametrize(
+    "prefill, script, reasoning, content",
+    [("<think>x</think> The", " answer.", None, " answer."),  # closed: content follows
+     ("<think>Let me", " see.</think>Done.", "see.", "Done."),  # open: reasoning goes on
+     ("Sure", " thing.", None, " thing.")],  # answer text, no tag: the answer goes on
+)  # fmt: skip
+def test_a_continued_assistant_message_sets_where_reasoning_stands(
+    serve, prefill, script, reasoning, content
+):
+    client = serve(make_tm(script, reasoning_parser="qwen3"))
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": prefill}]
+    body = {"messages": messages, "continue_final_message": True,
+            "chat_template_kwargs": {"enable_thinking": True}}  # fmt: skip
+    message = chat(client, **body).json()["choices"][0]["message"]
+    assert (message.get("reasoning_content"), message["content"]) == (reasoning, content)
+    events = stream_events(client, **body)
+    assert joined(events, "reasoning_content") == (reasoning or "")
+    assert joined(events, "content") == content
+
+
 def test_separate_reasoning_false_keeps_the_text_whole(serve):
     script = "<think>hm</think>ok"
     client = serve(make_tm(script, reasoning_parser="qwen3"))

@@ -36,7 +36,7 @@ from sglang.srt.parser.function_call import (
     tool_call_schema,
 )
 from sglang.srt.parser.function_call.core_types import ToolCallItem
-from sglang.srt.parser.reasoning_parser import ReasoningParser
+from sglang.srt.parser.reasoning_parser import ReasoningParser, reasoning_format
 
 ToolMode = Literal["none", "auto", "constrained"]
 # Hybrid reasoning parsers and the chat_template_kwargs switch that turns thinking
@@ -149,6 +149,9 @@ def plan_output(
     if reasoning in THINKING_SWITCH:
         key, default = THINKING_SWITCH[reasoning]
         force = (request.chat_template_kwargs or {}).get(key, default) is True
+    prefill_force = _continued_think_state(request, reasoning)
+    if prefill_force is not None:  # the continued message already opened or closed it
+        force = prefill_force
     if mode == "constrained":
         force = False  # the grammar shapes the output from its first token
     return ChatOutputPlan(
@@ -198,6 +201,22 @@ def check_tools(request: ChatCompletionRequest) -> None:
             param="tool_choice",
             code="invalid_value",
         )
+
+
+def _continued_think_state(request: ChatCompletionRequest, reasoning: str | None) -> bool | None:
+    """With continue_final_message: whether the output continues inside the think block.
+    The assistant's prefill opened it and did not close it: True; closed it, or is
+    answer text with no tag: False; None when there is no prefill (the parser's
+    default stands)."""
+    if reasoning is None or not request.continue_final_message:
+        return None
+    last = request.messages[-1]
+    text = last.content if last.role == "assistant" and isinstance(last.content, str) else ""
+    if not text.strip():
+        return None
+    fmt = reasoning_format(reasoning)
+    opened, closed = text.rfind(fmt.start_tag), text.rfind(fmt.end_tag)
+    return opened >= 0 and opened > closed
 
 
 def shaped_from_first_token(request: ChatCompletionRequest) -> bool:
