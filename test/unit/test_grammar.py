@@ -92,13 +92,17 @@ def test_json_strings_admit_no_raw_control_characters(backend, tokenizer, length
     # xgrammar 0.2.9 lets them into length-limited strings unless held back
     schema = {"type": "object", "properties": {"s": {"type": "string", **length}},
               "required": ["s"]}  # fmt: skip
-    compiled = backend.compile(GrammarKey("json_schema", json.dumps(schema)))
-    for char in ("\x1e", "\t", "\n", "\x00"):
+    tag = {"structures": [{"begin": "<f>", "schema": schema, "end": "</f>"}], "triggers": ["<f>"]}
+    for key, opening in ((GrammarKey("json_schema", json.dumps(schema)), ""),
+                         (GrammarKey("structural_tag", json.dumps(tag)), "x <f>")):  # fmt: skip
+        compiled = backend.compile(key)
+        for char in ("\x1e", "\t", "\n", "\x00"):
+            grammar = backend.new_grammar(compiled)
+            ids = tokenizer.encode(opening + '{"s": "a' + char, add_special_tokens=False)
+            assert not all(grammar.accept_token(t) for t in ids), (key.kind, repr(char))
         grammar = backend.new_grammar(compiled)
-        ids = tokenizer.encode('{"s": "a' + char, add_special_tokens=False)
-        assert not all(grammar.accept_token(t) for t in ids), repr(char)
-    grammar = backend.new_grammar(compiled)
-    assert all(grammar.accept_token(t) for t in tokenizer.encode('{"s": "a b"}'))
+        ids = tokenizer.encode(opening + '{"s": "a b"}', add_special_tokens=False)
+        assert all(grammar.accept_token(t) for t in ids), key.kind
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -107,8 +107,10 @@ class XGrammarBackend(GrammarBackend):
                 )
                 for s in spec["structures"]
             ]
-            return self.compiler.compile_structural_tag(tags, spec["triggers"])
-        return self.compiler.compile_structural_tag(text)
+            grammar = xgr.Grammar.from_structural_tag(tags, spec["triggers"])
+        else:
+            grammar = xgr.Grammar.from_structural_tag(text)
+        return self.compiler.compile_grammar(json_strings_without_controls(str(grammar)))
 
     def new_grammar(self, compiled: xgr.CompiledGrammar) -> XGrammarGrammar:
         return XGrammarGrammar(xgr.GrammarMatcher(compiled))  # rollback is unlimited
