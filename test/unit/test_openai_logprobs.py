@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 
 from sglang.demo_models import demo_target_path
 from sglang.srt.entrypoints.openai.logprobs import (
+    TextOffsets,
     chat_logprobs,
     completion_logprobs,
     raw_token_bytes,
@@ -57,3 +58,32 @@ def test_a_shared_name_keeps_the_better_logprob():
     top = [(-0.5, 1, "a"), (-2.0, 2, "a")]
     out = completion_logprobs([top[0]], [top], None)
     assert out.top_logprobs[0] == {"a": -0.5}
+
+
+@pytest.mark.parametrize("text", [TEXT, "日本語🎉 ok", "plain words only"])
+def test_text_offsets_index_the_text_and_a_stream_gives_the_same(tokenizer, text):
+    """text_offset of a token is where its text starts in the choice's text: the
+    tokens holding parts of one character share the offset where it starts (they used
+    to add one U+FFFD each); streamed in any chunks, the offsets are the same."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    whole = completion_logprobs(entries(tokenizer, ids), None, tokenizer, 7).text_offset
+    assert whole == sorted(whole) and whole[0] == 7 and max(whole) < 7 + len(text)
+    for i, offset in enumerate(whole):
+        before = tokenizer.decode(ids[:i])
+        assert offset - 7 == len(before.rstrip("\ufffd")), (i, before)
+    for chunk in (1, 2, 3):
+        offsets = TextOffsets(7)
+        streamed = []
+        for start in range(0, len(ids), chunk):
+            part = entries(tokenizer, ids[start : start + chunk])
+            streamed += completion_logprobs(part, None, tokenizer, offsets).text_offset
+        assert streamed == whole
+
+
+def test_logprobs_zero_gives_the_chosen_token_as_top(tokenizer):
+    # as vLLM: top_logprobs is a dict per token (OpenAI's type), holding the chosen one
+    ids = tokenizer.encode("ok then", add_special_tokens=False)
+    out = completion_logprobs(entries(tokenizer, ids, -0.25), None, tokenizer)
+    assert out.top_logprobs == [{token: -0.25} for token in out.tokens]
+    prompt = [(None, ids[0], None), *entries(tokenizer, ids[1:])]  # an echoed first token
+    assert completion_logprobs(prompt, None, tokenizer).top_logprobs[0] is None

@@ -379,7 +379,20 @@ def test_generate_stream_cumulative(client):
 def test_generate_bad_sampling_params(client):
     body = {"text": "ab", "sampling_params": {"max_new_tokens": 2, "bogus": 1}}
     assert "bogus" in assert_error(client.post("/generate", json=body), 400)["message"]
-    assert_error(client.post("/generate", json={"sampling_params": {}}), 400)
+    # rules across fields name a field too (a pydantic model validator's carry none)
+    for both_or_neither in ({"sampling_params": {}}, {"text": "a", "input_ids": [1]}):
+        error = assert_error(client.post("/generate", json=both_or_neither), 400, "text")
+        assert error["message"] == "give exactly one of text and input_ids"
+
+
+@pytest.mark.parametrize(
+    "body, param, code",
+    [({"prompt": []}, "prompt", "invalid_value"), ({"prompt": [[1], []]}, "prompt", "invalid_value"),
+     ({"prompt": "a", "n": 1, "best_of": 2}, "best_of", "unsupported")],
+)  # fmt: skip
+def test_completions_refusals_carry_the_documented_code(client, body, param, code):
+    response = client.post("/v1/completions", json={"model": "fake-model", **body})
+    assert assert_error(response, 400, param)["code"] == code
 
 
 # --- ops routes --------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ logprob (None).
 
 from __future__ import annotations
 
+import codecs
 import functools
 import re
 from typing import Any
@@ -100,22 +101,41 @@ def _top_dict(entries: list[Entry] | None, tokenizer: Any) -> dict[str, float] |
     return top
 
 
+class TextOffsets:
+    """Where each token's text starts in a choice's text, token after token (a stream
+    keeps one across its chunks). A token holding part of a UTF-8 character adds nothing
+    until the token that completes it adds the whole character, as the text grows."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.offset = start
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def take(self, entry: Entry, tokenizer: Any) -> int:
+        """`entry`'s offset; the next one moves past the characters it completes."""
+        here = self.offset
+        self.offset += len(self._decoder.decode(token_bytes(entry, tokenizer)))
+        return here
+
+
 def completion_logprobs(
     token_entries: list[Entry],
     top_entries: list[list[Entry] | None] | None,
     tokenizer: Any,
-    text_offset: int = 0,
+    offsets: TextOffsets | int = 0,
 ) -> CompletionLogProbs:
-    """The legacy completions shape; `text_offset` is where the first token starts."""
+    """The legacy completions shape; `offsets` is where the first token starts (or the
+    running offsets of a stream). Without `top_entries` (logprobs 0) each position's
+    top_logprobs holds the chosen token alone, as vLLM's (OpenAI's type is a dict)."""
+    if isinstance(offsets, int):
+        offsets = TextOffsets(offsets)
     out = CompletionLogProbs()
-    offset = text_offset
     for pos, entry in enumerate(token_entries):
-        text = token_text(entry, tokenizer)
         out.tokens.append(completion_token(entry, tokenizer))
         out.token_logprobs.append(entry[0])
-        out.text_offset.append(offset)
-        offset += len(text)
+        out.text_offset.append(offsets.take(entry, tokenizer))
         top = top_entries[pos] if top_entries is not None and pos < len(top_entries) else None
+        if top_entries is None and entry[0] is not None:  # logprobs 0: the chosen token's
+            top = [entry]
         out.top_logprobs.append(_top_dict(top, tokenizer))
     return out
 

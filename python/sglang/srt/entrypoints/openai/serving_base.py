@@ -264,7 +264,7 @@ class ChoiceStream:
     text_len: int = 0
     num_logprobs: int = 0
     started: bool = False
-    logprob_text_offset: int = 0  # completions' text_offset of the next output token
+    logprob_offsets: Any = None  # completions' TextOffsets of the next output token
 
     def take_text(self, text: str) -> str:
         delta = text[self.text_len :]

@@ -12,6 +12,7 @@ from typing import Any
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.logprobs import (
+    TextOffsets,
     completion_logprobs,
     merge_completion_logprobs,
     output_slices,
@@ -46,11 +47,13 @@ def split_prompts(prompt: Any) -> list[Prompt]:
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
-        raise APIError("prompt must not be empty", param="prompt")
+        raise APIError("prompt must not be empty", param="prompt", code="invalid_value")
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
     if any(isinstance(p, list) and not p for p in prompt):
-        raise APIError("a token-id prompt must not be empty", param="prompt")
+        raise APIError(
+            "a token-id prompt must not be empty", param="prompt", code="invalid_value"
+        )
     return list(prompt)
 
 
@@ -76,7 +79,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if request.suffix:
             raise APIError("suffix is not supported", param="suffix", code="unsupported")
         if request.best_of is not None and request.best_of != request.n:
-            raise APIError("best_of other than n is not supported", param="best_of")
+            raise APIError(
+                "best_of other than n is not supported", param="best_of", code="unsupported"
+            )
 
     def _check_token_ids(self, prompts: list[Prompt]) -> None:
         vocab_size = self._vocab_size()
@@ -128,10 +133,14 @@ class OpenAIServingCompletion(OpenAIServingBase):
         )
 
     def _logprobs(
-        self, request: CompletionRequest, tokens: list, tops: list | None, text_offset: int
+        self,
+        request: CompletionRequest,
+        tokens: list,
+        tops: list | None,
+        offsets: TextOffsets | int,
     ) -> CompletionLogProbs:
         return completion_logprobs(
-            tokens, tops if request.logprobs else None, self.tokenizer, text_offset
+            tokens, tops if request.logprobs else None, self.tokenizer, offsets
         )
 
     def _prompt_logprobs(
@@ -173,9 +182,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
             logprobs = CompletionLogProbs()
         else:
             logprobs = self._prompt_logprobs(request, meta)
-            state.logprob_text_offset = echo_len
+            state.logprob_offsets = TextOffsets(echo_len)
         tokens, tops = output_slices(meta, state.take_logprob_start(meta))
-        output = self._logprobs(request, tokens, tops, state.logprob_text_offset)
-        state.logprob_text_offset += sum(len(token) for token in output.tokens)
-        merge_completion_logprobs(logprobs, output)
+        merge_completion_logprobs(
+            logprobs, self._logprobs(request, tokens, tops, state.logprob_offsets)
+        )
         return logprobs

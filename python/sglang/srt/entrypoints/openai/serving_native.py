@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
@@ -55,14 +55,16 @@ class GenerateRequest(BaseModel):
     logprob_start_len: LogprobStartLen = -1
     return_text_in_logprobs: Flag = False
 
-    @model_validator(mode="after")
-    def _one_prompt_kind(self) -> GenerateRequest:
+    def check_fields(self) -> None:
+        """The rules across fields, as 400s naming the field (a model validator's
+        errors carry no field)."""
         if (self.text is None) == (self.input_ids is None):
-            raise ValueError("give exactly one of text and input_ids")
+            raise APIError("give exactly one of text and input_ids", param="text",
+                           code="invalid_value")  # fmt: skip
         if isinstance(self.sampling_params, list):
             if len({p.n for p in self.sampling_params}) > 1:
-                raise ValueError("sampling_params: every prompt's n must be the same")
-        return self
+                raise APIError("sampling_params: every prompt's n must be the same",
+                               param="sampling_params", code="invalid_value")  # fmt: skip
 
     def prompts(self) -> list[str | list[int]]:
         if isinstance(self.text, str):
@@ -111,6 +113,7 @@ def _set_fields(params: SamplingParamsSpec | None) -> dict[str, Any]:
 
 
 def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
+    request.check_fields()
     prompts, n = request.prompts(), request.num_samples()
     if not prompts:
         param = "text" if request.text is not None else "input_ids"
