@@ -238,3 +238,48 @@ def test_update_weights_from_disk(tmp_path):
     ok, _ = worker.update_weights_from_disk(str(b))
     assert ok
     torch.testing.assert_close(last_logits(), hf_logits(hf_b, PROMPT)[-1], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("dropped", ["model.layers.1.self_attn.k_proj.weight",
+                                     "model.layers.0.mlp.up_proj.weight"])  # fmt: skip
+def test_a_missing_part_of_a_fused_weight_is_refused(tmp_path, dropped):
+    # q, v without k (gate without up): the fused parameter's missing slice would stay
+    # uninitialized memory, silently, at load and at a weight update
+    from safetensors.torch import load_file, save_file
+
+    good, cut = tmp_path / "good", tmp_path / "cut"
+    _save_hf(good, _config("llama"))
+    _save_hf(cut, _config("llama"))
+    weights = load_file(cut / "model.safetensors")
+    del weights[dropped]
+    save_file(weights, cut / "model.safetensors", metadata={"format": "pt"})
+    part = dropped.split(".")[-2].split("_")[0]  # "k" / "up" -> the part it names
+    with pytest.raises(ValueError, match="checkpoint is missing weights for: .*\\((k|1)\\)"):
+        get_model(ModelConfig(str(cut)), "cpu", "auto")
+    with get_context().override_server_args(
+        model_path=str(good), device="cpu", max_total_tokens=256, max_running_requests=4
+    ):
+        worker = TpModelWorker(ModelConfig(str(good)))
+    ok, message = worker.update_weights_from_disk(str(cut))
+    assert not ok and "missing weights" in message, (part, message)
+
+
+def test_an_update_to_a_checkpoint_without_lm_head_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    good, headless = tmp_path / "good", tmp_path / "headless"
+    _save_hf(good, _config("llama"))
+    _save_hf(headless, _config("llama"))
+    weights = load_file(headless / "model.safetensors")
+    del weights["lm_head.weight"]
+    save_file(weights, headless / "model.safetensors", metadata={"format": "pt"})
+    with get_context().override_server_args(
+        model_path=str(good), device="cpu", max_total_tokens=256, max_running_requests=4
+    ):
+        worker = TpModelWorker(ModelConfig(str(good)))
+    before = _our_last_logits(good)
+    ok, message = worker.update_weights_from_disk(str(headless))
+    assert not ok and "no lm_head" in message
+    sched = MiniScheduler(worker)
+    after = worker.forward_batch_logits(sched.build_extend([MiniReq(PROMPT)])).next_token_logits[0]
+    torch.testing.assert_close(after, before)  # the old weights still serve

@@ -325,16 +325,25 @@ class ModelRunner:
         )
 
     def update_weights_from_disk(self, model_path: str, load_format: str | None = None) -> None:
-        """Replace the weights with those at `model_path` (same architecture and shapes).
+        """Replace the weights with those at `model_path`: the same architecture and
+        the shapes the KV pool and vocabulary were sized for (_check_same_shape); the
+        rest (MLP width, tied embeddings) is built from the new config.
 
         The new model is built fully before it replaces the old one, so a failure
-        leaves the running weights untouched. Raises on any mismatch.
+        leaves the running weights untouched. Raises on any mismatch. The running
+        dtype stays: a float32 checkpoint loaded into a bfloat16 server runs in bfloat16.
         """
         new_config = ModelConfig(
             model_path, context_length=self.context_len, dtype=self.model_config.dtype
         )
         _check_same_shape(self.model_config, new_config)
-        self.model = self._load_model(new_config, load_format or "auto")
+        model = self._load_model(new_config, load_format or "auto")
+        if not self.settings.is_embedding and getattr(model, "has_lm_head", True) is False:
+            raise ValueError(
+                "the new checkpoint has no lm_head weights (an embedding model's "
+                "checkpoint); this server generates"
+            )
+        self.model = model
         self.model_config = new_config
         if self.graph_runner is not None:  # its graphs read the old weights: capture again
             self.graph_runner = None

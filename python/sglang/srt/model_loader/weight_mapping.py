@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,6 +40,7 @@ def load_stacked_weights(
     """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    shards: dict[str, set[Any]] = {}  # fused parameter -> the parts loaded into it
     for name, tensor in weights:
         if name.endswith(_IGNORED_SUFFIXES) or (tied_embeddings and name == "lm_head.weight"):
             continue
@@ -53,13 +55,43 @@ def load_stacked_weights(
         except ValueError as e:
             raise ValueError(f"cannot load checkpoint tensor {name!r}: {e}") from e
         loaded.add(param_name)
+        if shard_id is not None:
+            shards.setdefault(param_name, set()).add(shard_id)
     missing = sorted(set(params) - loaded - set(optional))
+    missing += _missing_parts(shards, stacked_params_mapping, expert_params_mapping or {})
     if missing:
         raise ValueError(
             f"checkpoint is missing weights for: {', '.join(missing[:8])}"
             + (" ..." if len(missing) > 8 else "")
         )
     return loaded
+
+
+def _missing_parts(
+    shards: dict[str, set[Any]],
+    stacked: list[tuple[str, str, object]],
+    experts: dict[str, tuple[str, int | None]],
+) -> list[str]:
+    """The fused parameters loaded in part only (a checkpoint with q_proj and v_proj but
+    no k_proj would leave that slice uninitialized): "<param> (<part>)" each. Experts:
+    every part of each expert the checkpoint has."""
+    out = []
+    for param_name, seen in sorted(shards.items()):
+        if isinstance(next(iter(seen)), tuple):  # (expert, part) of a stacked expert param
+            stem = param_name.rsplit(".", 1)[-1]
+            parts = {part for target, part in experts.values() if target == stem}
+            want = {(expert, part) for expert, _ in seen for part in parts}
+        else:
+            want = {sid for _, target, sid in stacked if f".{target}." in f".{param_name}."}
+        out += [f"{param_name} ({_part_name(part)})" for part in sorted(want - seen, key=str)]
+    return out
+
+
+def _part_name(part: Any) -> str:
+    if isinstance(part, tuple):
+        expert, which = part
+        return f"expert {expert}" + (f" part {which}" if which is not None else "")
+    return str(part)
 
 
 def _map_name(name: str, mapping: list[tuple[str, str, object]]) -> tuple[str, object]:
