@@ -15,6 +15,7 @@ import argparse
 import itertools
 import logging
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +47,11 @@ class Timing:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[BenchArgs, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=True)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Every other flag is the server's (python -m sglang.launch_server --help): "
+        "--model-path DIR, --dtype, --load-format, --num-threads, ...",
+    )
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1])
     parser.add_argument("--input-len", type=int, nargs="+", default=[128])
     parser.add_argument("--output-len", type=int, nargs="+", default=[32])
@@ -168,9 +173,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bench, server_argv = parse_args(argv)
     publish(prepare_server_args(server_argv), role="scheduler")
     worker = TpModelWorker()
+    check_lengths(bench, worker.model_runner.context_len)
     logger.info("%s, torch threads %d", worker.model_config, torch.get_num_threads())
     hf_model = load_hf_for_bench(worker) if bench.run_hf else None
     return run(bench, worker, hf_model)
+
+
+def check_lengths(bench: BenchArgs, context_len: int) -> None:
+    """A ValueError naming the case whose input + output is past the context (it would
+    fail deep in the KV bookkeeping)."""
+    for il, ol in itertools.product(bench.input_len, bench.output_len):
+        if il + ol > context_len:
+            raise ValueError(
+                f"--input-len {il} + --output-len {ol} is longer than the model's context "
+                f"length ({context_len}); pass --context-length or shorter lengths"
+            )
 
 
 def load_hf_for_bench(worker):
@@ -191,4 +208,7 @@ def load_hf_for_bench(worker):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as exc:  # a refused flag or length: one line
+        sys.exit(f"bench_one_batch: error: {exc}")

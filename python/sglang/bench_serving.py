@@ -120,7 +120,8 @@ def _headers(args: argparse.Namespace) -> dict[str, str]:
 
 def build_payload(args: argparse.Namespace, req: BenchRequest) -> tuple[str, dict[str, Any]]:
     if args.backend == "sglang":
-        params = {"max_new_tokens": req.output_len, "temperature": 0.0, "ignore_eos": True}
+        params = {"max_new_tokens": req.output_len, "temperature": 0.0,
+                  "ignore_eos": not args.disable_ignore_eos}  # fmt: skip
         prompt = {"text": req.prompt} if req.input_ids is None else {"input_ids": req.input_ids}
         body = {**prompt, "sampling_params": params, "stream": True}
         if args.logprobs is not None:
@@ -220,6 +221,9 @@ async def _send_once(
                 if event == b"[DONE]":
                     continue
                 data = orjson.loads(event)
+                if "error" in data:  # the server failed it mid-stream (then [DONE])
+                    result.error = f"stream error: {str(data['error'])[:200]}"
+                    return result
                 has_text, prompt_len, output_len = _chunk_progress(args.backend, data)
                 now = time.perf_counter()
                 if has_text:
@@ -350,6 +354,13 @@ def format_report(args: argparse.Namespace, summary: dict[str, Any]) -> str:
 # --- CLI -------------------------------------------------------------------------------------------
 
 
+def _positive_rate(text: str) -> float:
+    rate = float(text)
+    if not rate > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r}: a rate of requests per second is > 0")
+    return rate
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--backend", choices=["sglang", "openai"], default="sglang")
@@ -365,7 +376,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--random-output-len", type=int, default=64)
     p.add_argument("--random-range-ratio", type=float, default=1.0,
                    help="Lengths are uniform in [ratio * len, len]; 1.0 = fixed.")  # fmt: skip
-    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--request-rate", type=_positive_rate, default=float("inf"),
+                   help="Requests per second, > 0 (inf: all at once).")  # fmt: skip
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--disable-ignore-eos", action="store_true")
     p.add_argument("--logprobs", type=int, default=None,

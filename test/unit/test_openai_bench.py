@@ -94,8 +94,9 @@ class _StreamServer:
     EVENTS = [{"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}]},
               {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}]  # fmt: skip
 
-    def __init__(self, drop: int = 0, gap_s: float = 0.0) -> None:
+    def __init__(self, drop: int = 0, gap_s: float = 0.0, events: list | None = None) -> None:
         self.drop, self.gap_s, self.seen = drop, gap_s, 0
+        self.events = self.EVENTS if events is None else events
         self.loop = asyncio.new_event_loop()
         self.server = self.loop.run_until_complete(
             asyncio.start_server(self.handle, "127.0.0.1", 0)
@@ -112,7 +113,7 @@ class _StreamServer:
         if self.seen <= self.drop:
             writer.close()
             return
-        events = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in self.EVENTS]
+        events = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in self.events]
         events.append(b"data: [DONE]\n\n")
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(b"".join(events)))  # fmt: skip
@@ -161,6 +162,31 @@ def test_timeout_bounds_each_wait_not_the_whole_stream(gap_s, completed, tmp_pat
         assert "Timeout" in summary["errors"][0]
 
 
+def test_a_stream_that_ends_in_an_error_event_is_a_failed_request(tmp_path):
+    # a server fails a request mid-stream with `data: {"error": ...}` then [DONE]
+    events = [{"choices": [{"text": "a"}]}, {"error": {"message": "boom", "code": 500}}]
+    summary = _bench_summary(_StreamServer(events=events), tmp_path)
+    assert (summary["completed"], summary["failed"]) == (0, 3), summary
+    assert "boom" in summary["errors"][0]
+
+
+@pytest.mark.parametrize("rate", ["0", "-1", "nan"])
+def test_a_request_rate_that_is_not_positive_is_refused(rate, capsys):
+    with pytest.raises(SystemExit) as info:
+        bench_serving.parse_args(["--request-rate", rate])
+    assert info.value.code == 2 and "is > 0" in capsys.readouterr().err
+
+
+def test_disable_ignore_eos_reaches_both_backends():
+    req = bench_serving.BenchRequest(prompt="x", prompt_len=1, output_len=4)
+    for backend in ("sglang", "openai"):
+        for flag, ignore in (([], True), (["--disable-ignore-eos"], False)):
+            args = bench_serving.parse_args(["--backend", backend, "--model", "m", *flag])
+            _, body = bench_serving.build_payload(args, req)
+            sent = body["sampling_params"] if backend == "sglang" else body
+            assert sent.get("ignore_eos", False) is ignore, (backend, flag)
+
+
 def test_a_server_that_is_down_fails_each_request_once(tmp_path):
     """Connection refused is not a lost kept-alive connection: no request is sent again."""
     server = _StreamServer()
@@ -171,3 +197,11 @@ def test_a_server_that_is_down_fails_each_request_once(tmp_path):
     summary = _bench_summary(server, tmp_path)
     assert (summary["failed"], summary["resends"]) == (3, 0), summary
     assert "ClientConnectorError" in summary["errors"][0]
+
+
+def test_bench_one_batch_refuses_lengths_past_the_context():
+    from sglang.bench_one_batch import BenchArgs, check_lengths
+
+    check_lengths(BenchArgs([1], [500], [12], False, 0), 512)  # fits exactly
+    with pytest.raises(ValueError, match="--input-len 600 \\+ --output-len 4 is longer"):
+        check_lengths(BenchArgs([1], [128, 600], [4], False, 0), 512)
