@@ -283,3 +283,12 @@ def test_an_update_to_a_checkpoint_without_lm_head_is_refused(tmp_path):
     sched = MiniScheduler(worker)
     after = worker.forward_batch_logits(sched.build_extend([MiniReq(PROMPT)])).next_token_logits[0]
     torch.testing.assert_close(after, before)  # the old weights still serve
+
+
+def test_a_model_dir_without_tokenizer_files_says_what_to_pass(tmp_path):
+    from sglang.srt.managers.tokenizer_manager import load_tokenizer
+
+    _config("llama").save_pretrained(tmp_path)  # config.json only
+    with get_context().override_server_args(model_path=str(tmp_path), device="cpu"):
+        with pytest.raises(ValueError, match="holds no tokenizer files.*--tokenizer-path"):
+            load_tokenizer()

@@ -18,6 +18,7 @@ import logging
 import os
 import pickle
 import time
+from pathlib import Path
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ INLINE_TOKENIZE_CHARS = 16_384  # longer texts are tokenized off the event loop
 # An abandoned request's rid is held until the scheduler's finish for it arrives (ms);
 # past this, a new request may take the rid anyway (the finish was lost).
 ABANDONED_RID_HOLD_S = 30.0
+# A local directory with none of these has no tokenizer for AutoTokenizer to load.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def load_tokenizer() -> Any:
@@ -80,9 +83,18 @@ def load_tokenizer() -> Any:
     if model.skip_tokenizer_init:
         return None
     path = model.tokenizer_path or model.model_path
-    return AutoTokenizer.from_pretrained(
-        path, trust_remote_code=model.trust_remote_code, revision=model.revision
-    )
+    try:
+        return AutoTokenizer.from_pretrained(
+            path, trust_remote_code=model.trust_remote_code, revision=model.revision
+        )
+    except (OSError, ValueError) as exc:
+        local = Path(os.path.expanduser(path))
+        if local.is_dir() and not any((local / name).exists() for name in TOKENIZER_FILES):
+            raise ValueError(
+                f"{str(path)!r} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}): pass "
+                "--tokenizer-path DIR, or --skip-tokenizer-init to send token ids"
+            ) from exc
+        raise
 
 
 def load_tokenizer_in_child() -> Any:
