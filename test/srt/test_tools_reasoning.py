@@ -256,11 +256,13 @@ def test_separate_reasoning_off_and_enable_thinking_false(client):
     assert getattr(plain.choices[0].message, "reasoning_content", None) is None
 
 
-def test_qwen3_text_without_tags_is_reasoning_by_default(client):
-    """As SGLang reads qwen3: thinking unless enable_thinking is false."""
+def test_qwen3_grammar_shaped_text_without_tags_is_content(client):
+    """qwen3 reads untagged text as thinking by default (unless enable_thinking is false:
+    test/unit/test_openai_tools.py), but a grammar shapes the output from its first
+    token: untagged, it is the answer (a JSON response_format went to reasoning_content)."""
     message = create(client, max_tokens=64, temperature=0,
                      extra_body={"regex": "[a-z]{2,8}"}).choices[0].message  # fmt: skip
-    assert re.fullmatch("[a-z]{2,8}", message.reasoning_content) and not message.content
+    assert re.fullmatch("[a-z]{2,8}", message.content) and not message.reasoning_content
 
 
 # --- two Engines in one process keep their own detection ----------------------------------------

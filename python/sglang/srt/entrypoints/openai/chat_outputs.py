@@ -143,8 +143,6 @@ def plan_output(
     """The plan for `request` on an engine with these parsers in effect."""
     mode = tool_mode(request)
     reasoning = reasoning_parser if request.separate_reasoning else None
-    if shaped_from_first_token(request):  # the grammar leaves no room to think: content
-        reasoning = None
     force = None
     if reasoning in THINKING_SWITCH:
         key, default = THINKING_SWITCH[reasoning]
@@ -152,8 +150,10 @@ def plan_output(
     prefill_force = _continued_think_state(request, reasoning)
     if prefill_force is not None:  # the continued message already opened or closed it
         force = prefill_force
-    if mode == "constrained":
-        force = False  # the grammar shapes the output from its first token
+    if mode == "constrained" or shaped_from_first_token(request):
+        # The grammar shapes the output from its first token: no think block is open
+        # unless the output itself writes one (a regex may)
+        force = False
     return ChatOutputPlan(
         reasoning_parser=reasoning,
         force_reasoning=force,
