@@ -60,12 +60,7 @@ def test_dead_detokenizer_fails_requests_and_exits(tiny_llama_dir, tmp_path):
             time.sleep(0.5)  # the non-streaming requests are running too
             killed_at = time.monotonic()
             detok.kill()
-            for future in blocking:
-                assert future.result(timeout=ANSWER_WITHIN_S) == 503
-            for future in streams:
-                status, lines = future.result(timeout=ANSWER_WITHIN_S)
-                assert status == 200 and lines[-1] == "data: [DONE]", lines[-3:]
-                assert '"error"' in lines[-2], lines[-3:]
+            _assert_failed_answers(blocking, streams, ANSWER_WITHIN_S)
             answered_s = time.monotonic() - killed_at
         assert srv.proc.wait(timeout=30) != 0
         assert f"The detokenizer process (pid {detok.pid}) exited unexpectedly" in srv.log()
@@ -99,11 +94,7 @@ def test_frozen_scheduler_is_killed_and_fails_requests(tiny_llama_dir, tmp_path)
             stopped_at = time.monotonic()
             scheduler.suspend()  # SIGSTOP
             answer_within_s = hang_limit_s(watchdog_s) + ANSWER_WITHIN_S
-            assert blocking.result(timeout=answer_within_s) == 503
-            for future in streams:
-                status, lines = future.result(timeout=answer_within_s)
-                assert status == 200 and lines[-1] == "data: [DONE]", lines[-3:]
-                assert '"error"' in lines[-2], lines[-3:]
+            _assert_failed_answers([blocking], streams, answer_within_s)
             answered_s = time.monotonic() - stopped_at
         assert srv.proc.wait(timeout=30) != 0
         assert f"The scheduler process (pid {scheduler.pid}) was killed after" in srv.log()
@@ -112,6 +103,16 @@ def test_frozen_scheduler_is_killed_and_fails_requests(tiny_llama_dir, tmp_path)
         assert hang_limit_s(watchdog_s) <= answered_s < answer_within_s
     finally:
         srv.stop(signal.SIGKILL)
+
+
+def _assert_failed_answers(blocking: list, streams: list, within_s: float) -> None:
+    """Each non-streaming request got a 503; each stream an error event, then [DONE]."""
+    for future in blocking:
+        assert future.result(timeout=within_s) == 503
+    for future in streams:
+        status, lines = future.result(timeout=within_s)
+        assert status == 200 and lines[-1] == "data: [DONE]", lines[-3:]
+        assert '"error"' in lines[-2], lines[-3:]
 
 
 def _assert_all_gone(tree: list[psutil.Process], pgid: int) -> None:
