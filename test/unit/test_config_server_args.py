@@ -331,3 +331,17 @@ def test_env_fills_num_threads_and_log_level(monkeypatch):
     sa = cpu_args().resolve_once()
     assert resolution_result(sa, "num_threads") == 3
     assert resolution_result(sa, "log_level") == "debug"
+
+
+def test_a_window_that_caps_the_context_is_the_resolved_context_length(tmp_path):
+    # Mixtral's window runs here as a cap on the context: the readback says so (it said
+    # max_position_embeddings while requests were refused past the window)
+    path = write_checkpoint(tmp_path, model_type="mixtral", max_position_embeddings=4096,
+                            sliding_window=8)  # fmt: skip
+    sa = ServerArgs(model_path=path, device="cpu").resolve_once()
+    assert resolution_result(sa, "context_length") == 8
+    (tmp_path / "m").mkdir()
+    windowed = write_checkpoint(tmp_path / "m", model_type="mistral",
+                                max_position_embeddings=4096, sliding_window=8)  # fmt: skip
+    sa = ServerArgs(model_path=windowed, device="cpu").resolve_once()
+    assert resolution_result(sa, "context_length") == 4096  # Mistral's window runs

@@ -101,6 +101,20 @@ def test_page_aligned_chunks():
     assert budget.grant(30, 0) == 8
 
 
+@pytest.mark.parametrize("chunk", [8, 15])  # below the page; a mixed batch's reduced 16
+def test_a_chunk_budget_under_a_page_still_grants_the_first_prompt_a_page(chunk):
+    # aligned down to 0 tokens, the prompt was never admitted: the server hung (chunk 8
+    # with page 16), or a new prompt waited for every running request (mixed, 16 / 16)
+    def budget():
+        return PrefillBudget(rem_total_tokens=1000, rem_input_tokens=1000,
+                             rem_chunk_tokens=chunk, rem_running_slots=8, page_size=16)  # fmt: skip
+
+    first = budget()
+    assert first.grant(40, 0) == 16
+    assert first.grant(40, 0) is None  # the batch is full: one page a batch
+    assert budget().grant(5, 0) == 5  # a prompt shorter than a page fits whole
+
+
 def test_new_token_ratio_decays_and_resets():
     ratio = NewTokenRatio(1.0, decay_steps=10)
     start = ratio.value

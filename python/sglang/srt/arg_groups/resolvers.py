@@ -22,7 +22,11 @@ from sglang.srt.arg_groups.attention_support import (
     default_attention_backend,
 )
 from sglang.srt.arg_groups.spec import DRAFT_MODEL_ALGORITHMS
-from sglang.srt.configs.context_length import check_context_override, model_context_len
+from sglang.srt.configs.context_length import (
+    check_context_override,
+    model_context_len,
+    window_capped_context,
+)
 from sglang.srt.environ import envs
 
 logger = logging.getLogger(__name__)
@@ -120,8 +124,9 @@ def resolve_context_length(c: Any) -> Resolved:
     if c.context_length is not None:  # ModelConfig checks it again in the scheduler
         check_context_override(c.context_length, model_len)
         return None
-    # Left None when unknown (e.g. a hub id): the model loader fills it.
-    return ("hf_config", {"context_length": model_len}) if model_len is not None else None
+    if model_len is None:  # unknown (e.g. a hub id): the model loader fills it
+        return None
+    return "hf_config", {"context_length": window_capped_context(config, model_len)}
 
 
 def _config_dtype(config: dict[str, Any] | None) -> str:

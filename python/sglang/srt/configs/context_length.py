@@ -11,6 +11,9 @@ from typing import Any
 
 from sglang.srt.environ import envs
 
+# Model types whose models apply each layer's sliding window (ModelConfig.layer_windows);
+# the others keep sequences inside the window (window_capped_context).
+WINDOWED_MODEL_TYPES = frozenset({"mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"})
 # config.json keys that hold the trained context length, in HF's order of preference
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
 
@@ -35,3 +38,15 @@ def check_context_override(asked: int, model_len: int | None, longer_ok: bool = 
             f"(max_position_embeddings in config.json); positions past it were never "
             f"trained. Set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 to allow it"
         )
+
+
+def window_capped_context(config: dict[str, Any], context_len: int) -> int:
+    """`context_len`, or the sliding window of a model type whose windowed attention does
+    not run here (Mixtral, Qwen3-MoE): sequences stay inside the window."""
+    if config.get("model_type") in WINDOWED_MODEL_TYPES:
+        return context_len
+    window = config.get("sliding_window")
+    uses = config.get("use_sliding_window", config.get("model_type") in ("mistral", "mixtral"))
+    if not window or not uses or context_len <= int(window):
+        return context_len
+    return int(window)

@@ -17,7 +17,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sglang.srt.configs.context_length import check_context_override, model_context_len
+from sglang.srt.configs.context_length import (
+    WINDOWED_MODEL_TYPES,
+    check_context_override,
+    model_context_len,
+    window_capped_context,
+)
 from sglang.srt.model_loader.weight_utils import resolve_model_path
 
 if TYPE_CHECKING:
@@ -44,9 +49,6 @@ _ARCH_BY_MODEL_TYPE = {
     "qwen3_moe": ["Qwen3MoeForCausalLM"],
     "mixtral": ["MixtralForCausalLM"],
 }
-# model types whose models apply each layer's sliding window (ModelConfig.layer_windows);
-# the others keep sequences inside the window (_cap_to_sliding_window)
-_WINDOWED_MODEL_TYPES = frozenset({"mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"})
 DEFAULT_CONTEXT_LEN = 2048  # a config.json that names no context length
 
 
@@ -216,7 +218,7 @@ def _active_window(raw: dict[str, Any]) -> int | None:
     window = raw.get("sliding_window")
     if raw.get("model_type") in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
         return None
-    if raw.get("model_type") not in _WINDOWED_MODEL_TYPES or not window:
+    if raw.get("model_type") not in WINDOWED_MODEL_TYPES or not window:
         return None
     return int(window)
 
@@ -247,20 +249,13 @@ def _layer_windows(raw: dict[str, Any], layer_types: list[str]) -> list[int | No
 
 def _cap_to_sliding_window(raw: dict[str, Any], context_len: int) -> int:
     """Model types without sliding-window attention keep sequences inside the window."""
-    if raw.get("model_type") in _WINDOWED_MODEL_TYPES:
-        return context_len
-    window = raw.get("sliding_window")
-    uses_window = raw.get("use_sliding_window", raw.get("model_type") in ("mistral", "mixtral"))
-    if not window or not uses_window or context_len <= int(window):
-        return context_len
-    logger.warning(
-        "sliding-window attention is not supported for %s; context length capped from %d to the "
-        "window, %d tokens",
-        raw.get("model_type"),
-        context_len,
-        int(window),
-    )
-    return int(window)
+    capped = window_capped_context(raw, context_len)
+    if capped < context_len:
+        logger.warning(
+            "sliding-window attention is not supported for %s; context length capped from "
+            "%d to the window, %d tokens", raw.get("model_type"), context_len, capped,
+        )  # fmt: skip
+    return capped
 
 
 def _eos_token_ids(model_dir: Path, raw: dict[str, Any]) -> set[int]:

@@ -126,6 +126,11 @@ class PrefillBudget:
         granted = extend_len
         if self.rem_chunk_tokens is not None and granted > self.rem_chunk_tokens:
             granted = self._aligned(self.rem_chunk_tokens)
+            if granted <= 0 and self.num_admitted == 0:
+                # A chunk budget under one page (a chunk size below the page size, or a
+                # mixed batch's reduced one): the batch's first prompt still gets a page,
+                # else it would wait forever.
+                granted = min(self.page_size, extend_len)
         if granted <= 0:
             return None
         truncated = granted < extend_len
