@@ -137,6 +137,46 @@ def test_sigterm_stops_everything_and_exits_zero(server):
     assert not _group_alive(server.proc.pid)
 
 
+def test_sigterm_gives_requests_past_the_grace_an_error_not_a_cut(tiny_llama_dir, tmp_path):
+    """A stream still running when the shutdown grace ends gets an error event and
+    [DONE] (it was cut mid-body, with a traceback per request); a blocking one a 503."""
+    env = {"SGLANG_GRACEFUL_SHUTDOWN_TIMEOUT": "2", "SGLANG_FAULT_INJECT": "stall:slow"}
+    srv = start_server(tiny_llama_dir, tmp_path / "server.log", env=env)
+    body = {"text": "Once", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    results: dict[str, object] = {}
+    started = threading.Event()
+
+    def stream() -> None:
+        with requests.post(srv.base_url + "/generate", json={**body, "stream": True,
+                           "rid": "slow-stream"}, stream=True, timeout=60) as r:  # fmt: skip
+            lines = []
+            for line in r.iter_lines(decode_unicode=True):
+                started.set()
+                lines.append(line)
+            results["stream"] = [line for line in lines if line]
+
+    def blocking() -> None:
+        r = requests.post(srv.base_url + "/generate", json={**body, "rid": "slow-block"}, timeout=60)
+        results["blocking"] = r.status_code
+
+    try:
+        threads = [threading.Thread(target=f, daemon=True) for f in (stream, blocking)]
+        for thread in threads:
+            thread.start()
+        assert started.wait(60)
+        time.sleep(0.3)
+        assert srv.stop(signal.SIGTERM, timeout_s=30) == 0
+        for thread in threads:
+            thread.join(timeout=10)
+        lines = results["stream"]
+        assert lines[-1] == "data: [DONE]" and '"error"' in lines[-2], lines[-3:]
+        assert "shut down before this request finished" in lines[-2]
+        assert results["blocking"] == 503
+        assert "Exception in ASGI application" not in srv.log()
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
 def test_dead_scheduler_makes_health_503_and_exits(tiny_llama_dir, tmp_path):
     srv = start_server(tiny_llama_dir, tmp_path / "server.log", "--skip-server-warmup")
     try:

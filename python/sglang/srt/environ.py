@@ -146,6 +146,14 @@ class Envs:
         "Seconds /health waits for the scheduler to answer before it answers 503 "
         "(a scheduler that produced output within this window counts as answering).",
     )
+    SGLANG_GRACEFUL_SHUTDOWN_TIMEOUT = EnvVar(
+        "SGLANG_GRACEFUL_SHUTDOWN_TIMEOUT",
+        "float",
+        10.0,
+        "Seconds the HTTP server lets in-flight requests finish after SIGTERM/SIGINT; "
+        "those still running a second before the end get an error (a stream: an error "
+        "event and [DONE]).",
+    )
     SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN = EnvVar(
         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN",
         "bool",
@@ -164,8 +172,9 @@ class Envs:
         "SGLANG_FAULT_INJECT",
         "str",
         None,
-        "Testing only: `<site>:<marker>[,...]` makes <site> (forward, detokenize) raise "
-        "for requests whose rid contains <marker>, to exercise fault containment.",
+        "Testing only: `<site>:<marker>[,...]` makes <site> (forward, detokenize, verify) "
+        "raise for requests whose rid contains <marker>, to exercise fault containment; "
+        "site `stall` slows each forward of such requests by 50 ms instead.",
     )
     SGLANG_CHILD_READY_TIMEOUT = EnvVar(
         "SGLANG_CHILD_READY_TIMEOUT",

@@ -64,7 +64,7 @@ from sglang.srt.utils import freeze_startup_heap
 logger = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health"})  # served without the API key
-GRACEFUL_SHUTDOWN_S = 10.0  # in-flight requests get this long before they are aborted
+SHUTDOWN_FAIL_MARGIN_S = 1.0  # before the grace ends, still-running requests get an error
 WATCH_INTERVAL_S = 1.0
 DEAD_GRACE_S = 2.0  # /health answers 503 this long before a server with a dead child exits
 WARMUP_PROMPT = "The capital of France is"
@@ -429,8 +429,19 @@ class _Server(uvicorn.Server):
         if self.state.status is not ServerStatus.DEAD:
             self.state.status = ServerStatus.SHUTTING_DOWN
         logger.info("signal %d received: shutting down", sig)
+        if not self.should_exit:  # the first signal: in-flight requests get the grace
+            loop = asyncio.get_event_loop()
+            delay_s = max(0.0, self.config.timeout_graceful_shutdown - SHUTDOWN_FAIL_MARGIN_S)
+            loop.call_soon_threadsafe(loop.call_later, delay_s, self._fail_in_flight)
         super().handle_exit(sig, frame)
         self._captured_signals.clear()
+
+    def _fail_in_flight(self) -> None:
+        """Just before uvicorn cancels what still runs: an error for each request (a
+        stream ends with an error event and [DONE]), not a connection cut mid-body."""
+        self.state.tokenizer_manager.fail_in_flight(
+            "The server shut down before this request finished."
+        )
 
 
 def _server_url() -> str:
@@ -498,7 +509,7 @@ async def serve_app(app: FastAPI) -> int:
         log_config=None,
         log_level=get_observability().log_level,
         access_log=get_observability().log_requests,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_graceful_shutdown=envs.SGLANG_GRACEFUL_SHUTDOWN_TIMEOUT.get(),
         loop="none",
     )
     server = _Server(config, app.state.server)

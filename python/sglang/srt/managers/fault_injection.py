@@ -4,12 +4,17 @@
 (comma-separated for several): site `forward` raises in the scheduler's forward of
 any batch holding a request whose rid contains the marker; site `detokenize`
 raises in the detokenizer for such a batch; site `verify` raises in a speculative
-verify forward only (the scheduler then decodes that batch plainly).
+verify forward only (the scheduler then decodes that batch plainly). Site `stall`
+sleeps instead of raising: a request that outlasts a deadline.
 """
 
 from __future__ import annotations
 
+import time
+
 from sglang.srt.environ import envs
+
+STALL_S = 0.05  # site `stall`: per forward of a marked request
 
 # Errors after which the device or our invariants cannot be trusted.
 _FATAL_TYPES = (AssertionError, MemoryError)
@@ -43,6 +48,13 @@ class FaultInjector:
         hit = [rid for rid in rids if marker in rid]
         if hit:
             raise InjectedFault(f"injected {site} fault for request {hit[0]}")
+
+    def stall(self, rids: list[str]) -> None:
+        """Site `stall`: sleep STALL_S for a batch holding a marked request (a request
+        that outlasts a deadline, for tests)."""
+        marker = self.markers.get("stall")
+        if marker is not None and any(marker in rid for rid in rids):
+            time.sleep(STALL_S)
 
 
 def is_fatal(exc: BaseException) -> bool:

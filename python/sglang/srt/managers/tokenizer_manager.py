@@ -268,6 +268,15 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._fail_all, message)
 
+    def fail_in_flight(self, message: str) -> None:
+        """Fail every request still waiting here (the server is shutting down), and
+        abort them in the scheduler; on the event loop."""
+        for rid, state in list(self.rid_to_state.items()):
+            if state.abandoned_at is None and state.finished_reason is None:
+                state.error = message
+                state.event.set()
+                self.abort_request(rid, message)
+
     def _fail_all(self, message: str) -> None:
         for state in self.rid_to_state.values():
             state.error = message

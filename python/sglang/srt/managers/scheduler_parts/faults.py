@@ -70,6 +70,7 @@ class SchedulerFaultsMixin:
     def forward(self, reqs: list[Req], worker_batch: Any) -> GenerationBatchResult:
         """The one place a batch meets the model (and the fault hook)."""
         self.fault_injector.check("forward", [r.rid for r in reqs])
+        self.fault_injector.stall([r.rid for r in reqs])
         if self.is_embedding:
             return self.tp_worker.forward_batch_embedding(worker_batch)
         return self.tp_worker.forward_batch_generation(worker_batch)
