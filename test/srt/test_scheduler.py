@@ -427,5 +427,8 @@ def test_throughput_window_starts_with_the_first_batch_after_idle(tiny_llama_dir
         sched.step()
         assert time.perf_counter() - sched._tput_t0 < 10.0
         run_until_idle(sched)
+        # idle: the figure reads 0 (it kept the last window's value), as the other gauges
+        sched.last_gen_throughput = 1234.0
+        assert sched.live_figures()["last_gen_throughput"] == 0.0
     finally:
         ctx.restore()

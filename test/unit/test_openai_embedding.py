@@ -239,3 +239,16 @@ def test_dimensions_need_a_matryoshka_model():
     _Dims({"matryoshka_dimensions": [4, 8]}).check_dimensions(8)
     with pytest.raises(InvalidParamError, match="one of"):
         _Dims({"matryoshka_dimensions": [4, 8]}).check_dimensions(5)
+
+
+def test_embedding_requests_are_counted_in_metrics(tm):
+    # as SGLang: each input is a request with its prompt tokens and its latency
+    with get_context().override_server_args(enable_metrics=True):
+        app = create_app(tm)
+    app.state.server.status = ServerStatus.READY
+    with TestClient(app) as client:
+        assert post(client, input=["hello", "hi"]).status_code == 200
+        text = client.get("/metrics").text
+    for line in ("num_requests_total 2.0", "prompt_tokens_total 7.0",
+                 "e2e_request_latency_seconds_count 2.0"):  # fmt: skip
+        assert f"sglang:{line}" in text, line

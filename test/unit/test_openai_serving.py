@@ -473,8 +473,30 @@ def test_metrics_count_the_tokens_of_a_request_cut_short():
     tracker.on_abort()
     text = metrics.render().decode()
     for line in ("prompt_tokens_total 7.0", "generation_tokens_total 4.0",
-                 "cached_tokens_total 2.0", "num_aborted_requests_total 1.0"):  # fmt: skip
+                 "cached_tokens_total 2.0", "num_aborted_requests_total 1.0",
+                 # it ended here: in the latency histograms as every finished request
+                 "e2e_request_latency_seconds_count 1.0", "num_requests_total 1.0"):  # fmt: skip
         assert f"sglang:{line}" in text, line
+
+
+def _metric(client, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(f"sglang:{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"sglang:{name} not found")
+
+
+def test_a_refused_batch_is_not_counted_and_a_failed_request_is(client, tm):
+    # one bad prompt refuses the whole request (400): the sibling it cancelled is no
+    # request of its own; a request the runtime fails (5xx) finished, and is counted
+    before = _metric(client, "num_requests_total")
+    refused = client.post("/v1/completions", json={"model": MODEL, "prompt": ["ab", "x" * 300]})
+    assert refused.status_code == 400
+    assert _metric(client, "num_requests_total") == before
+    tm.fail_after_tokens = 1  # the runtime dies after one token
+    failed = client.post("/v1/completions", json={"model": MODEL, "prompt": "ab", "max_tokens": 4})
+    assert failed.status_code >= 500
+    assert _metric(client, "num_requests_total") == before + 1
 
 
 def test_api_key(tm):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 
 import pytest
@@ -54,6 +55,21 @@ def test_a_fanned_out_request_holds_its_rid_and_abort_reaches_only_its_samples()
     for state in samples:
         assert tm._unregister(state) and not tm._unregister(state)
     tm._register(_state("fam"))  # free again once the samples are done
+
+
+def test_a_request_whose_caller_left_is_logged_and_its_rid_held(caplog):
+    # --log-requests logged only finished requests: a disconnect left no line
+    tm = _bare_manager()
+    tm.log_requests = True
+    state = _state("gone")
+    tm._register(state)
+    with caplog.at_level(logging.INFO, logger="sglang.srt.managers.tokenizer_manager"):
+        tm._release(state)
+    assert any("request gone:" in r.getMessage() and "caller left" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    assert [m.rid for m in tm.send_to_scheduler.sent] == ["gone"]  # aborted
+    with pytest.raises(ValueError, match="still being aborted"):
+        tm._register(_state("gone"))
 
 
 def test_one_malformed_output_fails_its_request_and_aborts_it():

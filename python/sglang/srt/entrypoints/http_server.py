@@ -400,7 +400,7 @@ def create_app(tokenizer_manager: Any) -> FastAPI:
         chat=OpenAIServingChat(tokenizer_manager, metrics, chat_template=template),
         completion=OpenAIServingCompletion(tokenizer_manager, metrics),
         native=NativeServing(tokenizer_manager, metrics),
-        embedding=OpenAIServingEmbedding(tokenizer_manager),
+        embedding=OpenAIServingEmbedding(tokenizer_manager, metrics),
         tokenize=OpenAIServingTokenize(tokenizer_manager),
         metrics=metrics,
     )

@@ -340,6 +340,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             return
         if state.finished_reason is None:  # an error that finished it here sent its abort
             self.abort_request(state.obj.rid)
+            if self.log_requests:  # its caller left: logged with what it had
+                self._log_finished(state, "caller left; aborted")
         state.abandoned_at = time.monotonic()
 
     def _drop_stale_abandoned(self, rid: str) -> None:
@@ -376,7 +378,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             if state.obj.stream:
                 yield self._make_output(state)
 
-    def _log_finished(self, state: ReqState) -> None:
+    def _log_finished(self, state: ReqState, finish: Any = None) -> None:
         obj = state.obj
         prompt = obj.text if obj.text is not None else obj.input_ids
         logger.info(
@@ -387,7 +389,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             state.text,
             state.prompt_tokens,
             state.completion_tokens,
-            state.finished_reason,
+            finish if finish is not None else state.finished_reason,
         )
 
     async def _tokenize_off_loop(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:

@@ -32,8 +32,8 @@ _GAUGE_HELP = {
     "num_running_reqs": "Requests in the running (decode) batch.",
     "num_queue_reqs": "Requests waiting in the scheduler queue.",
     "token_usage": "Fraction of KV-cache slots in use.",
-    "cache_hit_rate": "Prefix-cache hit rate over recent prefills.",
-    "gen_throughput": "Generation throughput (tokens/s).",
+    "cache_hit_rate": "Prefix-cache hit rate over the prefills since start or the last flush.",
+    "gen_throughput": "Generation throughput (tokens/s) over the last 2 s window of decoding; 0 when idle.",
     "spec_accept_length": "Speculative decoding: tokens kept per verify round (drafts + 1).",
     "num_grammar_queue_reqs": "Constrained requests waiting for their grammar to compile.",
 }
@@ -130,14 +130,14 @@ class RequestTracker:
                 self._metrics.observe("inter_token_latency_seconds", per_token_s)
         self._last_s = now
 
-    def _on_finish(self, now: float, meta: dict[str, Any]) -> None:
+    def _on_finish(self, now: float, meta: dict[str, Any], aborted: bool = False) -> None:
         m = self._metrics
         m.observe("e2e_request_latency_seconds", now - self._start_s)
         if isinstance(meta.get("queue_time"), (int, float)):
             m.observe("queue_time_seconds", float(meta["queue_time"]))
         self._count_tokens(meta)
         m.count("num_requests")
-        if meta["finish_reason"].get("type") == "abort":
+        if aborted or (meta.get("finish_reason") or {}).get("type") == "abort":
             m.count("num_aborted_requests")
 
     def _count_tokens(self, meta: dict[str, Any]) -> None:
@@ -146,8 +146,10 @@ class RequestTracker:
         self._metrics.count("cached_tokens", meta.get("cached_tokens", 0))
 
     def on_abort(self) -> None:
-        """The consumer stopped before the request finished (disconnect, shutdown): the
-        tokens it had were computed all the same."""
-        self._count_tokens(self._last_meta)
-        self._metrics.count("num_requests")
-        self._metrics.count("num_aborted_requests")
+        """The consumer stopped before the request finished (disconnect, shutdown): it
+        ends here, aborted, and the tokens it had were computed all the same."""
+        self._on_finish(time.perf_counter(), self._last_meta, aborted=True)
+
+    def on_failure(self) -> None:
+        """The request failed in the runtime (a 5xx): it finished, with what it had."""
+        self._on_finish(time.perf_counter(), self._last_meta)

@@ -78,6 +78,13 @@ def to_api_error(exc: BaseException, param_of: Callable[[str], str] | None = Non
     return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, code="request_failed")
 
 
+def _is_client_error(exc: BaseException) -> bool:
+    """A refusal of the request itself (4xx: invalid, overloaded), not a runtime failure."""
+    if isinstance(exc, (APIError, RequestFailedError, ServerUnavailableError)):
+        return exc.status_code < 500
+    return isinstance(exc, ValueError)
+
+
 def _route_names(
     message: str, param: str | None, param_of: Callable[[str], str] | None
 ) -> tuple[str, str | None]:
@@ -108,6 +115,7 @@ class ChoiceFanout:
         self._finished: set[int] = set()
         self._tasks: list[asyncio.Task] = []
         self._closed = False
+        self._failed = False  # a choice failed: the others were cancelled for it
 
     @property
     def num_choices(self) -> int:
@@ -178,6 +186,7 @@ class ChoiceFanout:
             self.close()
             raise ClientDisconnected()
         if event.error is not None:
+            self._failed = True
             self.close()
             raise to_api_error(event.error, self._param_of)
 
@@ -194,10 +203,14 @@ class ChoiceFanout:
             if not finished:
                 raise RuntimeError("generation ended without a finish reason")
         except asyncio.CancelledError:
-            if tracker is not None and not finished:
+            # cancelled because a sibling failed: the request as a whole failed, counted
+            # (or, refused, not) by that sibling
+            if tracker is not None and not finished and not self._failed:
                 tracker.on_abort()
             raise
         except Exception as exc:  # forwarded to the consumer, which answers it
+            if tracker is not None and not _is_client_error(exc):
+                tracker.on_failure()
             # Without its traceback, which only the answer's mapping would see (it logs
             # the repr): its frames hold this object, so a stored traceback is a reference
             # cycle per failed request (a 429 under load) that only a full collection frees.

@@ -35,6 +35,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
 )
 from sglang.srt.managers.io_struct import EmbeddingReqInput
 from sglang.srt.managers.tokenizer_embedding import EMBEDDING_REFUSED
+from sglang.srt.observability.metrics import ServerMetrics
 
 EmbeddingPrompt = str | list[int]
 
@@ -65,8 +66,9 @@ def _input_param(path: str) -> str:
 
 
 class OpenAIServingEmbedding:
-    def __init__(self, tokenizer_manager: Any) -> None:
+    def __init__(self, tokenizer_manager: Any, metrics: ServerMetrics | None = None) -> None:
         self.tokenizer_manager = tokenizer_manager
+        self.metrics = metrics
 
     async def handle(self, request: EmbeddingRequest, raw_request: Request | None) -> Response:
         check_model_name(self.tokenizer_manager, request.model)
@@ -89,7 +91,7 @@ class OpenAIServingEmbedding:
     async def _collect(self, objs: list[EmbeddingReqInput]) -> list[dict[str, Any]]:
         """Every input's output; on the first failure the others are cancelled (which
         aborts them in the scheduler) and the failure is answered."""
-        tasks = [asyncio.ensure_future(self.tokenizer_manager.encode_request(o)) for o in objs]
+        tasks = [asyncio.ensure_future(self._encode(o)) for o in objs]
         try:
             return list(await asyncio.gather(*tasks))
         except Exception as exc:
@@ -99,6 +101,14 @@ class OpenAIServingEmbedding:
             error = to_api_error(exc, _input_param)
             error.param = error.param and _input_param(error.param)
             raise error from None
+
+    async def _encode(self, obj: EmbeddingReqInput) -> dict[str, Any]:
+        """One input's output, counted in /metrics (requests, prompt tokens, latency)."""
+        tracker = self.metrics.track() if self.metrics is not None else None
+        out = await self.tokenizer_manager.encode_request(obj)
+        if tracker is not None:
+            tracker.on_output(out)
+        return out
 
     @staticmethod
     def build_response(

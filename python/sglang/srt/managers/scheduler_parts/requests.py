@@ -189,7 +189,8 @@ class SchedulerRequestsMixin:
             "cache_hit_rate": round(self.cache_hits / max(self.cache_queries, 1), 4),
             "num_retracted_reqs": self.num_retracted_reqs,
             "memory_integrity": "ok" if self.integrity_error is None else self.integrity_error,
-            "last_gen_throughput": round(self.last_gen_throughput, 2),
+            # the last 2 s window's figure while decoding; 0 once nothing runs
+            "last_gen_throughput": round(self.last_gen_throughput if self.running else 0.0, 2),
             **self.spec_live_figures(),
             "timestamp": time.time(),
         }
