@@ -16,6 +16,7 @@ from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import check_request_fields
 from sglang.srt.runtime_context import get_context
+from sglang.test.prometheus import metric_value
 
 MODEL = "fake-model"
 
@@ -456,9 +457,10 @@ def test_metrics(client):
                  "num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate",
                  "gen_throughput"):  # fmt: skip
         assert f"sglang:{name}" in text, name
-    assert "sglang:num_requests_total 2.0" in text
-    assert "sglang:generation_tokens_total 5.0" in text
-    assert "sglang:queue_time_seconds_count 2.0" in text
+    assert metric_value(text, "num_requests_total") == 2.0
+    assert metric_value(text, "generation_tokens_total") == 5.0
+    assert metric_value(text, "queue_time_seconds_count") == 2.0
+    assert 'sglang:num_requests_total{model_name="fake-model"} 2.0' in text  # SGLang's label
 
 
 def test_metrics_count_the_tokens_of_a_request_cut_short():
@@ -472,18 +474,15 @@ def test_metrics_count_the_tokens_of_a_request_cut_short():
         tracker.on_output({"meta_info": {**meta, "finish_reason": None}})
     tracker.on_abort()
     text = metrics.render().decode()
-    for line in ("prompt_tokens_total 7.0", "generation_tokens_total 4.0",
-                 "cached_tokens_total 2.0", "num_aborted_requests_total 1.0",
-                 # it ended here: in the latency histograms as every finished request
-                 "e2e_request_latency_seconds_count 1.0", "num_requests_total 1.0"):  # fmt: skip
-        assert f"sglang:{line}" in text, line
+    for name, value in (("prompt_tokens_total", 7), ("generation_tokens_total", 4),
+                        ("cached_tokens_total", 2), ("num_aborted_requests_total", 1),
+                        # it ended here: in the latency histograms as every finished request
+                        ("e2e_request_latency_seconds_count", 1), ("num_requests_total", 1)):  # fmt: skip
+        assert metric_value(text, name) == value, name
 
 
 def _metric(client, name: str) -> float:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(f"sglang:{name} "):
-            return float(line.split()[1])
-    raise AssertionError(f"sglang:{name} not found")
+    return metric_value(client.get("/metrics").text, name)
 
 
 def test_a_refused_batch_is_not_counted_and_a_failed_request_is(client, tm):

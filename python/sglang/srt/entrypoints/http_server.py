@@ -391,7 +391,11 @@ def create_app(tokenizer_manager: Any) -> FastAPI:
     from sglang.srt.runtime_context import get_observability, get_serving
 
     serving = get_serving()
-    metrics = ServerMetrics() if get_observability().enable_metrics else None
+    metrics = (
+        ServerMetrics(tokenizer_manager.served_model_name)
+        if get_observability().enable_metrics
+        else None
+    )
     template = load_chat_template(serving.chat_template)
     app = FastAPI(title="SGLang-compatible server", version=__version__)
     app.state.max_request_body_bytes = serving.max_request_body_mb * BYTES_PER_MIB

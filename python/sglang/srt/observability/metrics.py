@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 PREFIX = "sglang:"
+LABELS = ("model_name",)
 _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0, 120.0,
@@ -40,12 +41,14 @@ _GAUGE_HELP = {
 
 
 class ServerMetrics:
-    """The server's metric families, in a registry of their own."""
+    """The server's metric families, in a registry of their own; every series carries
+    SGLang's `model_name` label (the served model name), so its dashboards work."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "default") -> None:
         self.registry = CollectorRegistry()
+        label = {"model_name": model_name}
         self._counters = {
-            name: Counter(PREFIX + name, doc, registry=self.registry)
+            name: Counter(PREFIX + name, doc, LABELS, registry=self.registry).labels(**label)
             for name, doc in (
                 ("prompt_tokens", "Prompt tokens processed."),
                 ("generation_tokens", "Tokens generated."),
@@ -55,7 +58,9 @@ class ServerMetrics:
             )
         }
         self._histograms = {
-            name: Histogram(PREFIX + name, doc, buckets=_LATENCY_BUCKETS, registry=self.registry)
+            name: Histogram(
+                PREFIX + name, doc, LABELS, buckets=_LATENCY_BUCKETS, registry=self.registry
+            ).labels(**label)
             for name, doc in (
                 ("time_to_first_token_seconds", "Time to the first output token."),
                 ("inter_token_latency_seconds", "Time between output tokens."),
@@ -64,7 +69,9 @@ class ServerMetrics:
             )
         }
         self._gauges = {
-            name: Gauge(PREFIX + name, _GAUGE_HELP[name], registry=self.registry)
+            name: Gauge(PREFIX + name, _GAUGE_HELP[name], LABELS, registry=self.registry).labels(
+                **label
+            )
             for name in _GAUGE_SOURCES
         }
 
