@@ -345,3 +345,32 @@ def test_a_window_that_caps_the_context_is_the_resolved_context_length(tmp_path)
                                 max_position_embeddings=4096, sliding_window=8)  # fmt: skip
     sa = ServerArgs(model_path=windowed, device="cpu").resolve_once()
     assert resolution_result(sa, "context_length") == 4096  # Mistral's window runs
+
+
+@pytest.mark.parametrize(
+    "config, field",
+    [({"num_attention_heads": 6, "num_key_value_heads": 3, "intermediate_size": 64}, "num_key_value_heads"),
+     ({"num_attention_heads": 3, "num_key_value_heads": 1, "intermediate_size": 64}, "num_attention_heads"),
+     ({"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 687}, "intermediate_size"),
+     ({"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+       "moe_intermediate_size": 127, "num_experts": 4}, "moe_intermediate_size")],
+)  # fmt: skip
+def test_a_model_tp_cannot_split_is_refused_naming_the_field(tmp_path, config, field):
+    # 3 KV heads over 2 ranks gave other tokens than tp 1, silently; 3 heads crashed the
+    # first request; an odd MLP width was a bare AssertionError
+    path = write_checkpoint(tmp_path, model_type="llama", hidden_size=64, **config)
+    with pytest.raises(ValueError, match=f"tp_size=2 cannot split this model: {field}="):
+        ServerArgs(model_path=path, device="cpu", tp_size=2).resolve_once()
+
+
+def test_splits_tp_can_run_are_accepted(tmp_path):
+    for kv_heads in (1, 2, 4):  # replicated on 2 ranks, one each, two each
+        (tmp_path / str(kv_heads)).mkdir()
+        path = write_checkpoint(tmp_path / str(kv_heads), model_type="llama", hidden_size=64,
+                                num_attention_heads=4, num_key_value_heads=kv_heads,
+                                intermediate_size=64)  # fmt: skip
+        ServerArgs(model_path=path, device="cpu", tp_size=2).resolve_once()
+    path = write_checkpoint(tmp_path, model_type="qwen3_moe", hidden_size=64,
+                            num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                            moe_intermediate_size=127, num_experts=4)  # fmt: skip
+    ServerArgs(model_path=path, device="cpu", tp_size=2, ep_size=2).resolve_once()  # experts split

@@ -132,3 +132,33 @@ def node_scheduler_ranks(
     if dp_size == 1:
         return range(1), node_tp_ranks(tp_size, nnodes, node_rank)
     return node_dp_ranks(dp_size, nnodes, node_rank), range(tp_size)
+
+
+def check_tp_split(config: dict[str, Any], tp_size: int, ep_size: int = 1) -> None:
+    """A ValueError naming the config.json field that `tp_size` ranks cannot split: the
+    attention heads, the KV heads (divided among ranks, or each replicated on tp/kv of
+    them), the MLP width; an MoE's expert width unless its experts are split (ep_size)."""
+    if tp_size <= 1:
+        return
+    config = config.get("text_config") or config
+    heads = int(config.get("num_attention_heads") or 0)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    widths = [("intermediate_size", int(config.get("intermediate_size") or 0))]
+    if ep_size == 1 and config.get("moe_intermediate_size"):
+        widths.append(("moe_intermediate_size", int(config["moe_intermediate_size"])))
+    if heads % tp_size:
+        _refuse_split("num_attention_heads", heads, tp_size, "each rank runs whole heads")
+    if kv_heads and kv_heads % tp_size and tp_size % kv_heads:
+        _refuse_split("num_key_value_heads", kv_heads, tp_size,
+                      "KV heads are divided among the ranks, or each replicated on "
+                      "tp_size / num_key_value_heads of them")  # fmt: skip
+    for name, width in widths:
+        if width % tp_size:
+            _refuse_split(name, width, tp_size, "each rank runs an equal slice")
+
+
+def _refuse_split(field: str, value: int, tp_size: int, why: str) -> None:
+    raise ValueError(
+        f"tp_size={tp_size} cannot split this model: {field}={value} in its config.json is "
+        f"not divisible by it ({why}); use a tp_size that divides it"
+    )

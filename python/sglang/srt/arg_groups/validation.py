@@ -25,7 +25,7 @@ from sglang.srt.arg_groups.attention_support import (
     triton_unavailable_reason,
 )
 from sglang.srt.arg_groups.exec_ import FP8_KV_DTYPES
-from sglang.srt.arg_groups.parallel import MAX_DP_RANKS_PER_NODE
+from sglang.srt.arg_groups.parallel import MAX_DP_RANKS_PER_NODE, check_tp_split
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,10 @@ def _check_topology(c: Any) -> None:
             f"ep_size={c.ep_size} is not accepted; use 1 or tp_size={c.tp_size} "
             "(experts split across all TP ranks, as SGLang requires)"
         )
+    if c.tp_size > 1 and c.model_path:  # a local checkpoint; the runner checks a hub one
+        from sglang.srt.arg_groups.resolvers import read_hf_config
+
+        check_tp_split(read_hf_config(c.model_path) or {}, c.tp_size, c.ep_size)
     if c.enable_dp_attention and c.tp_size % c.dp_size:
         raise ValueError(
             f"dp_size={c.dp_size} is not accepted with enable_dp_attention; "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang.srt.arg_groups.exec_ import FP8_KV_DTYPES
+from sglang.srt.arg_groups.parallel import check_tp_split
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers import cpu_threads
 from sglang.srt.layers.attention.base_attn_backend import create_attention_backend
@@ -125,6 +126,7 @@ class ModelRunner:
             or self.settings.attention_backend
         )
         self.page_size = self.settings.page_size
+        check_tp_split(model_config.raw, self.tp_size, self.settings.ep_size)  # hub ids too
         self._init_torch()
         self.model = self._load_model(model_config, self.load_format)
         self._init_memory_pool()
