@@ -32,7 +32,25 @@ def single_request_reference(model_dir: str) -> list[list[int]]:
         return [sched.generate([MiniReq(list(p))], MAX_NEW)[0] for p in PROMPTS]
 
 
-def test_tp2_matches_single_rank_and_survives_flush(tiny_llama_dir):
+def _half_bad_copy(model_dir, tmp_path) -> str:
+    """The checkpoint with layer 0's gate_proj cut to 3/4 of its rows: TP rank 0's half
+    loads, rank 1's is out of range."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "half-bad"
+    shutil.copytree(model_dir, bad)
+    width = json.loads((bad / "config.json").read_text())["intermediate_size"]
+    weights = load_file(bad / "model.safetensors")
+    name = "model.layers.0.mlp.gate_proj.weight"
+    weights[name] = weights[name][: width * 3 // 4].clone()
+    save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    return str(bad)
+
+
+def test_tp2_matches_single_rank_and_survives_flush(tiny_llama_dir, tmp_path):
     import sglang as sgl
 
     refs = single_request_reference(str(tiny_llama_dir))
@@ -51,6 +69,13 @@ def test_tp2_matches_single_rank_and_survives_flush(tiny_llama_dir):
         state = llm.get_server_info()["internal_states"][0]
         assert state["memory_integrity"] == "ok"
         assert state["tp_size"] == 2
+
+        # an update only rank 1 cannot load: refused, and both ranks keep the old weights
+        # (it was a success, with the ranks on different weights)
+        ok, message = llm.update_weights_from_disk(_half_bad_copy(tiny_llama_dir, tmp_path))
+        assert not ok and "another tensor-parallel rank" in message, message
+        again = llm.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in again] == refs
 
         rank1 = llm.child_pids()["scheduler (tp rank 1)"]
         os.kill(rank1, signal.SIGKILL)

@@ -351,9 +351,14 @@ def _launch_relay_processes(
             run_data_parallel_controller_process,
         )
 
+        clock = ForwardClock.shared(ctx)  # its steps, so a frozen controller is killed
         readers.append(
-            _spawn_child(ctx, children, "dp_controller", run_data_parallel_controller_process, args)
+            _spawn_child(
+                ctx, children, "dp_controller", run_data_parallel_controller_process,
+                (*args, clock),
+            )  # fmt: skip
         )
+        children.watch_for_hang("dp_controller", readers[-1][1], clock)
     if not inline_detokenizer:
         readers.append(_spawn_child(ctx, children, "detokenizer", run_detokenizer_process, args))
     return readers

@@ -52,6 +52,8 @@ from sglang.srt.managers.node_link import (
 logger = logging.getLogger(__name__)
 
 
+IDLE_STEP_MS = 200  # an idle controller still steps (and stamps its clock) this often
+
 class DataParallelController:
     def __init__(
         self,
@@ -94,9 +96,14 @@ class DataParallelController:
             infos.update(node.wait_ready(timeout_s))
         return infos
 
-    def event_loop(self) -> None:
+    def event_loop(self, clock: Any = None) -> None:
+        """Route forever; `clock` (a ForwardClock shared with the launcher) is stamped at
+        each step, at least every IDLE_STEP_MS, so a frozen controller is seen and killed."""
+        timeout_ms = min(self._poll_timeout_ms or IDLE_STEP_MS, IDLE_STEP_MS)
         while True:
-            self._poller.poll(self._poll_timeout_ms)
+            if clock is not None:
+                clock.step()
+            self._poller.poll(timeout_ms)
             self.step()
 
     def step(self) -> None:
@@ -136,14 +143,16 @@ class DataParallelController:
             endpoint.send_encoded(data)
 
 
-def run_data_parallel_controller_process(server_args: Any, port_args: Any, ready_writer: Any):
+def run_data_parallel_controller_process(
+    server_args: Any, port_args: Any, clock: Any, ready_writer: Any
+):
     """Process entry: publish (role dp_controller), bind, report ready, route forever."""
     from sglang.srt.managers.process_entry import run_child
 
-    run_child("dp_controller", server_args, ready_writer, lambda: _build(port_args))
+    run_child("dp_controller", server_args, ready_writer, lambda: _build(port_args, clock))
 
 
-def _build(port_args: Any):
+def _build(port_args: Any, clock: Any = None):
     from sglang.srt.environ import envs
     from sglang.srt.runtime_context import get_parallel
 
@@ -156,4 +165,4 @@ def _build(port_args: Any):
         "routing to %d DP ranks on %d node(s) by %s", parallel.dp_size, parallel.nnodes, method
     )
     info = {"load_balance_method": method, "remote_rank_infos": remote_infos}
-    return info, controller.event_loop
+    return info, lambda: controller.event_loop(clock)

@@ -195,13 +195,33 @@ class SchedulerRequestsMixin:
             "timestamp": time.time(),
         }
 
+    def _update_every_tp_rank(self, msg: UpdateWeightFromDiskReqInput) -> tuple[bool, str]:
+        """Load the new weights on this rank; with tensor parallelism every rank must
+        succeed, else the ranks that did go back to the weights they had (a rank
+        failing alone left the ranks on different weights, reported as a success)."""
+        from sglang.srt.runtime_context import get_model
+
+        before = (self.tp_worker.model_config.model_path, get_model().load_format)
+        ok, text = self.tp_worker.update_weights_from_disk(msg.model_path, msg.load_format)
+        if self.tp_sync.tp_size == 1 or self.tp_sync.agree_min([int(ok)])[0]:
+            return ok, text
+        if ok:  # another rank failed: this one goes back
+            back_ok, back_text = self.tp_worker.update_weights_from_disk(*before)
+            if not back_ok:
+                logger.error("rolling back a failed weight update failed: %s", back_text)
+            text = (
+                f"failed to update weights from {msg.model_path}: another tensor-parallel "
+                "rank could not load them (see its log); every rank keeps the weights it had"
+            )
+        return False, text
+
     def handle_update_weights(self, msg: UpdateWeightFromDiskReqInput) -> None:
         from sglang.srt.runtime_context import get_context
 
         if not self.is_idle():
             ok, text = False, UPDATE_BUSY_MESSAGE
         else:
-            ok, text = self.tp_worker.update_weights_from_disk(msg.model_path, msg.load_format)
+            ok, text = self._update_every_tp_rank(msg)
         if ok:
             # the runner loads with "auto" when none is given (not the one before)
             fields = {"model_path": msg.model_path, "load_format": msg.load_format or "auto"}
