@@ -226,3 +226,23 @@ def test_tp2_greedy_matches_hf(tiny_model_dir):
     ) as llm:
         outs = llm.generate(input_ids=prompts, sampling_params=params)
     assert [o["output_ids"] for o in outs] == [hf_greedy(hf, p, 8) for p in prompts]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_a_checkpoint_missing_a_whole_expert_is_refused(tiny_model_dir, tmp_path, arch):
+    # every tensor of one expert gone: its slice of the stacked experts stayed
+    # uninitialized memory, and outputs changed silently
+    from safetensors.torch import load_file, save_file
+
+    from sglang.srt.model_loader.loader import get_model
+
+    cut = tmp_path / "cut"
+    shutil.copytree(tiny_model_dir(arch), cut)
+    weights = load_file(cut / "model.safetensors")
+    last = max(int(k.split(".experts.")[1].split(".")[0]) for k in weights if ".experts." in k)
+    gone = [k for k in weights if f".experts.{last}." in k and ".layers.0." in k]
+    assert gone
+    save_file({k: v for k, v in weights.items() if k not in gone}, cut / "model.safetensors",
+              metadata={"format": "pt"})  # fmt: skip
+    with pytest.raises(ValueError, match=f"missing weights for: .*expert {last}"):
+        get_model(ModelConfig(str(cut)), "cpu", "auto")

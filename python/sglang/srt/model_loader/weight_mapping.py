@@ -30,6 +30,7 @@ def load_stacked_weights(
     tied_embeddings: bool = False,
     expert_params_mapping: dict[str, tuple[str, int | None]] | None = None,
     optional: tuple[str, ...] = (),
+    num_experts: int = 0,
 ) -> set[str]:
     """Load `weights` into `model`; raise naming any unknown tensor or unloaded parameter
     (the parameters named in `optional` may stay unloaded). Returns the loaded names.
@@ -58,7 +59,9 @@ def load_stacked_weights(
         if shard_id is not None:
             shards.setdefault(param_name, set()).add(shard_id)
     missing = sorted(set(params) - loaded - set(optional))
-    missing += _missing_parts(shards, stacked_params_mapping, expert_params_mapping or {})
+    missing += _missing_parts(
+        shards, stacked_params_mapping, expert_params_mapping or {}, num_experts
+    )
     if missing:
         raise ValueError(
             f"checkpoint is missing weights for: {', '.join(missing[:8])}"
@@ -71,16 +74,19 @@ def _missing_parts(
     shards: dict[str, set[Any]],
     stacked: list[tuple[str, str, object]],
     experts: dict[str, tuple[str, int | None]],
+    num_experts: int = 0,
 ) -> list[str]:
     """The fused parameters loaded in part only (a checkpoint with q_proj and v_proj but
     no k_proj would leave that slice uninitialized): "<param> (<part>)" each. Experts:
-    every part of each expert the checkpoint has."""
+    every part of each of the `num_experts` (every rank reads all of them, its own
+    kept), or of each expert the checkpoint has when the count is not given."""
     out = []
     for param_name, seen in sorted(shards.items()):
         if isinstance(next(iter(seen)), tuple):  # (expert, part) of a stacked expert param
             stem = param_name.rsplit(".", 1)[-1]
             parts = {part for target, part in experts.values() if target == stem}
-            want = {(expert, part) for expert, _ in seen for part in parts}
+            ids = range(num_experts) if num_experts else {expert for expert, _ in seen}
+            want = {(expert, part) for expert in ids for part in parts}
         else:
             want = {sid for _, target, sid in stacked if f".{target}." in f".{param_name}."}
         out += [f"{param_name} ({_part_name(part)})" for part in sorted(want - seen, key=str)]

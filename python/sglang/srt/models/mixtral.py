@@ -47,6 +47,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
             self.stacked_params_mapping,
             tied_embeddings=self.config.tie_word_embeddings,
             expert_params_mapping=self.expert_params_mapping,
+            num_experts=self.config.num_experts,
         )
 
 

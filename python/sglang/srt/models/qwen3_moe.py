@@ -52,6 +52,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             self.stacked_params_mapping,
             tied_embeddings=self.config.tie_word_embeddings,
             expert_params_mapping=self.expert_params_mapping,
+            num_experts=self.config.num_experts,
         )
 
 
