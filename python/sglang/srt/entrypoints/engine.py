@@ -42,7 +42,6 @@ from sglang.srt.managers.node_link import NodeLost, WorkerNodeLink
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.runtime_context import get_observability
 from sglang.srt.sampling.param_types import InvalidParamError, check_num_samples
-from sglang.srt.utils import kill_process_tree
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -108,10 +107,8 @@ class ChildProcesses:
 
     def _watch(self) -> None:
         while not self._stop.wait(WATCHDOG_POLL_S):
-            for role, proc in self.procs:
-                if not proc.is_alive():
-                    self._report_death(role, proc)
-                    return
+            if self.exited_message() is not None:
+                return
             self._kill_frozen()
 
     def _kill_frozen(self) -> None:
@@ -158,18 +155,25 @@ class ChildProcesses:
             time.sleep(WATCHDOG_POLL_S)
 
     def exited_message(self) -> str | None:
-        """The death message if a child has exited (reported once found), else None."""
-        for role, proc in self.procs:
-            if not proc.is_alive():
-                self._report_death(role, proc)
-                return self.dead_message or ""
-        return None
+        """The death message if a child has exited (reported once found), else None.
+        Of several dead, one killed by a signal is named: a TP rank killed takes its
+        peers down with it (their collective fails), and the cause is the killed one."""
+        dead = [(role, proc) for role, proc in self.procs if not proc.is_alive()]
+        if not dead:
+            return None
+        role, proc = min(dead, key=lambda rp: _killing_signal_name(rp[1].exitcode) is None)
+        self._report_death(role, proc)
+        return self.dead_message or ""
 
     def shutdown(self) -> None:
-        """Stop every child (SIGTERM, then SIGKILL); idempotent."""
+        """Stop every child (SIGTERM to all at once, then SIGKILL); idempotent. At once:
+        a TP rank whose peer went first saw its collective fail, and logged a crash."""
         self._stop.set()
+        local = [p for _, p in self.procs if isinstance(p, mp.process.BaseProcess)]
         for _, proc in self.procs:
-            _stop_child(proc)
+            if proc not in local:
+                proc.stop()  # a Ray actor (ray_engine.ActorProcess)
+        _stop_trees([p.pid for p in local if p.pid is not None and p.is_alive()])
         for _, proc in self.procs:
             proc.join(timeout=3.0)
         for cleanup in self.cleanups:
@@ -199,11 +203,21 @@ def _signal_tree(pid: int, sig: int) -> None:
             proc.send_signal(sig)
 
 
-def _stop_child(proc: Any) -> None:
-    if not isinstance(proc, mp.process.BaseProcess):
-        proc.stop()  # a Ray actor (ray_engine.ActorProcess)
-    elif proc.pid is not None and proc.is_alive():
-        kill_process_tree(proc.pid, timeout_s=3.0)
+def _stop_trees(pids: list[int], timeout_s: float = 3.0) -> None:
+    """SIGTERM every process of these trees together, then SIGKILL what survives."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(pid)
+            procs += [*root.children(recursive=True), root]
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=timeout_s)
 
 
 def _spawn(
