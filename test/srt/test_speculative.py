@@ -14,9 +14,9 @@ way (as on GPUs); token-for-token equality is float32's promise.
 from __future__ import annotations
 
 import json
-import shutil
 import random
 import re
+import shutil
 import time
 
 import pytest

@@ -22,8 +22,8 @@ from sglang.srt.entrypoints.openai.protocol import EmbeddingRequest
 from sglang.srt.entrypoints.openai.serving_embedding import encode_vector, split_inputs
 from sglang.srt.managers.tokenizer_embedding import TokenizerEmbeddingMixin, truncate_embedding
 from sglang.srt.runtime_context import get_context
-from sglang.test.prometheus import metric_value
 from sglang.srt.sampling.param_types import InvalidParamError
+from sglang.test.prometheus import metric_value
 
 MODEL = "fake-model"
 DIM = 8

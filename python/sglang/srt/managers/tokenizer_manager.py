@@ -18,10 +18,10 @@ import logging
 import os
 import pickle
 import time
-from pathlib import Path
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import zmq
