@@ -195,6 +195,9 @@ class _FailAfter:
             if self.calls > self.after:
                 raise RuntimeError(f"boom in {self.rid}")
 
+    def stall(self, rids: list[str]) -> None:  # FaultInjector's other hook: no stall here
+        pass
+
 
 @pytest.mark.parametrize("after", [0, 2], ids=["in-prefill", "in-decode"])
 @pytest.mark.parametrize(
