@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 import subprocess
 import sys
 
@@ -76,6 +77,13 @@ def test_help_exits_0_and_lists_groups():
     assert "loses 10-17% at 64" in " ".join(proc.stdout.split())
 
 
+def _free_port() -> int:
+    """A port nothing listens on now: a fixed one may be taken on a shared machine."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.mark.parametrize(
     "argv, field",
     [
@@ -89,7 +97,7 @@ def test_flags_refused_at_resolution_exit_2_with_one_line(tmp_path, argv, field)
     the field: no traceback, no child started."""
     argv = [a.replace("{empty}", str(tmp_path)) for a in argv]
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang.launch_server", "--port", "34098", *argv],
+        [sys.executable, "-m", "sglang.launch_server", "--port", str(_free_port()), *argv],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
@@ -98,8 +106,6 @@ def test_flags_refused_at_resolution_exit_2_with_one_line(tmp_path, argv, field)
 
 
 def test_a_port_in_use_is_refused_before_the_model_loads():
-    import socket
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
