@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -138,6 +139,20 @@ def test_repetition_penalty_covers_the_prompt_the_others_only_outputs():
     params = SamplingParams(temperature=0.0, repetition_penalty=2.0, presence_penalty=0.5)
     out = adjust_logits(logits.clone(), _info([params], [[2]], prompts=[[0, 1]]))[0]
     assert out[:4].tolist() == pytest.approx([1.0, -4.0, 1.0 - 0.5, 2.0])
+
+
+@pytest.mark.parametrize("penalty", [1e-38, 1e-45, 1e-300])  # denormal or 0 in float32
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_tiny_repetition_penalty_keeps_a_distribution(penalty, temperature):
+    """Any penalty > 0 is accepted: a tiny one strongly favours seen tokens, never turns
+    the row into inf/NaN (which sampled the vocabulary's last id with logprob -inf)."""
+    logits = torch.tensor([[3.0, -1.0, 2.0, float("-inf")] + [1.0] * (VOCAB - 4)])
+    params = SamplingParams(temperature=temperature, repetition_penalty=penalty)
+    info = _info([params], [[1, 2]], prompts=[[0, 3]])
+    for _ in range(5):
+        out = Sampler()(logits.clone(), info, return_logprob=True)
+        assert out.next_token_ids.item() in (0, 2)  # the seen tokens with positive logits
+        assert math.isfinite(out.logprobs.item()) and out.logprobs.item() > -1.0
 
 
 def test_min_new_tokens_bans_eos_and_stop_ids_then_releases():

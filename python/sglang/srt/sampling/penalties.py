@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+_FLOAT32_TINY = torch.finfo(torch.float32).tiny  # smallest normal float32
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 def output_token_counts(
     output_ids: list[list[int]], vocab_size: int, device: torch.device | str
@@ -139,8 +141,12 @@ def apply_penalties(
         seen = counts > 0
         if prompt_seen is not None:
             seen |= prompt_seen
-        rep = torch.where(seen, repetition, 1.0)
-        logits.copy_(torch.where(logits > 0, logits / rep, logits * rep))
+        # a penalty as small as the API allows (any value > 0) is a float32 denormal or 0:
+        # held at the smallest normal float32 and the quotient at the largest, the row
+        # stays a distribution (a masked -inf logit stays -inf, never NaN)
+        rep = torch.where(seen, repetition, 1.0).clamp_(min=_FLOAT32_TINY)
+        boosted = (logits / rep).clamp_(max=_FLOAT32_MAX)
+        logits.copy_(torch.where(logits > 0, boosted, logits * rep))
     if frequency is not None:
         logits -= frequency * counts
     if presence is not None:
