@@ -49,6 +49,18 @@ def test_out_of_range_fields_rejected(fields):
         chat(**fields)
 
 
+def test_explicit_nulls_take_the_defaults():
+    """OpenAI marks these nullable; LangChain and LiteLLM send them as null."""
+    nulls = {"n": None, "stream": None, "presence_penalty": None, "frequency_penalty": None}
+    req = chat(**nulls, logprobs=None, parallel_tool_calls=None, top_k=None)
+    assert (req.n, req.stream, req.presence_penalty, req.frequency_penalty) == (1, False, 0, 0)
+    assert (req.logprobs, req.parallel_tool_calls, req.top_k) == (False, True, -1)
+    comp = CompletionRequest(model="m", prompt="x", echo=None, **nulls)
+    assert (comp.echo, comp.n, comp.stream) == (False, 1, False)
+    with pytest.raises(ValidationError):  # a required field's null is still refused
+        CompletionRequest(model="m", prompt=None)
+
+
 def test_unknown_role_rejected():
     with pytest.raises(ValidationError):
         ChatCompletionRequest(model="m", messages=[{"role": "robot", "content": "x"}])

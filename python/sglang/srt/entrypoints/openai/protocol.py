@@ -7,6 +7,7 @@ that the serving layer can answer them with a clear error instead of ignoring th
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Literal, Union
 
@@ -109,6 +110,27 @@ class SamplingFields(BaseModel):
     json_schema: GrammarText | None = None
     ebnf: GrammarText | None = None
     response_format: ResponseFormat | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_takes_the_default(cls, data: Any) -> Any:
+        """OpenAI's reference marks `n`, `stream`, the penalties, `logprobs`, `echo`, ...
+        nullable and clients (LangChain, LiteLLM) send explicit nulls: as in vLLM, a null
+        means the field's default. A required field's null is still refused."""
+        if not isinstance(data, dict):
+            return data
+        defaulted = _fields_with_a_default(cls)
+        return {k: v for k, v in data.items() if v is not None or k not in defaulted}
+
+
+@functools.cache
+def _fields_with_a_default(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of `model` that are optional with a default other than None."""
+    return frozenset(
+        name
+        for name, field in model.model_fields.items()
+        if not field.is_required() and field.get_default(call_default_factory=True) is not None
+    )
 
 
 # --- logprobs ------------------------------------------------------------------------------
