@@ -396,6 +396,26 @@ def test_completions_refusals_carry_the_documented_code(client, body, param, cod
     assert assert_error(response, 400, param)["code"] == code
 
 
+def _user(content) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+@pytest.mark.parametrize(
+    "extra, param, code",
+    [({"top_logprobs": 2}, "top_logprobs", "invalid_value"),
+     ({"regex": "a", "response_format": {"type": "json_object"}}, "response_format",
+      "invalid_value"),
+     ({"messages": _user([{"type": "image_url", "image_url": {"url": "x"}}])}, "messages",
+      "unsupported"),
+     ({"messages": _user([{"type": "text"}])}, "messages", "invalid_value"),  # OpenAI's 400
+     ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value")],
+)  # fmt: skip
+def test_chat_refusals_carry_the_documented_code(client, extra, param, code):
+    """api.md's table: no 400 answers `"code": null`."""
+    response = client.post("/v1/chat/completions", json=chat_body(**extra))
+    assert assert_error(response, 400, param)["code"] == code
+
+
 # --- ops routes --------------------------------------------------------------------------------
 
 

@@ -42,11 +42,12 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
 
 class ChatTemplateError(ValueError):
     """The request's messages cannot be rendered (no template, bad content); `param` is
-    the request field to blame."""
+    the request field to blame, `code` the error body's code."""
 
-    def __init__(self, message: str, param: str = "messages") -> None:
+    def __init__(self, message: str, param: str = "messages", code: str = "invalid_value") -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -71,8 +72,13 @@ def message_text(content: Any) -> str:
     for part in content:
         part_type = part.get("type")
         if part_type != "text":
-            raise ChatTemplateError(f"content part type {part_type!r} is not supported")
-        texts.append(part.get("text") or "")
+            raise ChatTemplateError(
+                f"content part type {part_type!r} is not supported", code="unsupported"
+            )
+        text = part.get("text")
+        if not isinstance(text, str):  # as OpenAI refuses it
+            raise ChatTemplateError("a content part of type 'text' needs a string `text`")
+        texts.append(text)
     return "".join(texts)
 
 

@@ -35,6 +35,8 @@ _TYPE_BY_STATUS = {
     500: "server_error",
     503: "service_unavailable_error",
 }
+# api.md's table: a 400 is `invalid_value` unless a more telling code is given
+_DEFAULT_CODE_BY_STATUS = {400: "invalid_value"}
 
 
 class APIError(Exception):
@@ -55,7 +57,7 @@ class APIError(Exception):
         self.message = message
         self.status_code = status_code
         self.param = param
-        self.code = code
+        self.code = code if code is not None else _DEFAULT_CODE_BY_STATUS.get(status_code)
         self.err_type = err_type or _TYPE_BY_STATUS.get(status_code, "server_error")
 
     def body(self) -> dict:

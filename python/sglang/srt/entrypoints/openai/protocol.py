@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -110,6 +111,13 @@ class SamplingFields(BaseModel):
     json_schema: GrammarText | None = None
     ebnf: GrammarText | None = None
     response_format: ResponseFormat | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and not info.data.get("stream"):  # OpenAI and vLLM refuse it
+            raise ValueError("stream_options is only allowed when stream is true")
+        return value
 
     @model_validator(mode="before")
     @classmethod

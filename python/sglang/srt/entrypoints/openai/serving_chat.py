@@ -108,7 +108,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 extra_kwargs=request.chat_template_kwargs,
             )
         except ChatTemplateError as exc:
-            raise APIError(str(exc), param=exc.param) from exc
+            raise APIError(str(exc), param=exc.param, code=exc.code) from exc
         try:
             text = self.tokenizer_manager.text_to_encode(text, "messages")
         except ValueError as exc:
