@@ -400,13 +400,29 @@ UNENFORCEABLE = {
         "type": "array", "items": {"type": "integer"}, "uniqueItems": True}}},
     "contains": {"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}},
     "required": {"type": "object", "required": ["a"]},
+    "dependencies": {"type": "object", "properties": {"a": {}, "b": {}},
+                     "dependencies": {"a": ["b"]}},  # draft 7
+    "multipleOf_number": {"type": "number", "multipleOf": 0.5},
+    "multipleOf_untyped": {"multipleOf": 2},
+    "remote_ref": {"$ref": "http://example.com/schema.json"},
+    "oneOf_overlapping_types": {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+    "oneOf_overlapping_objects": {"oneOf": [
+        {"type": "object", "properties": {"a": {"type": "integer"}}},
+        {"type": "object", "properties": {"b": {"type": "integer"}}}]},
 }  # fmt: skip
+_PETS = {"Cat": {"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]},
+         "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"]}}
 ENFORCEABLE = [
     {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
     {"allOf": [{"$ref": "#/$defs/x"}], "$defs": {"x": {"type": "integer"}}},
     {"type": "array", "items": {"type": "integer"}, "uniqueItems": False},
     {"type": "object", "required": ["a"], "additionalProperties": {"type": "integer"}},
     {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"if": {"type": "string"}}}]},
+    {"type": "integer", "multipleOf": 5},
+    {"oneOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]},
+    {"oneOf": [{"const": 1}, {"const": True}, {"enum": ["a", 2.5]}]},
+    # a discriminated union, as pydantic writes one
+    {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "$defs": _PETS},
 ]
 
 

@@ -7,7 +7,12 @@ xgrammar 0.2.9 by compiling each keyword and asking whether a violating document
 is accepted (benchmark/RESULTS.md): `not`, `allOf` of several schemas, `if` /
 `then` / `else`, `dependentRequired`, `dependentSchemas`, `uniqueItems` and
 `contains` are ignored; an object in strict mode (no `additionalProperties`) that
-`requires` a property it does not define only accepts `{}`.
+`requires` a property it does not define only accepts `{}`. Also ignored: draft-7's
+`dependencies`, `multipleOf` anywhere but on an integer by an integer, a `$ref` to
+another document, and `oneOf` beyond `anyOf` (an output matching two branches passes):
+a `oneOf` is served only when its branches cannot overlap (distinct types, or distinct
+`const` / `enum` values, on themselves or on a required property, as a discriminated
+union has).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ IGNORED_KEYWORDS = (
     "dependentSchemas",
     "uniqueItems",
     "contains",
+    "dependencies",  # draft 7's dependentRequired / dependentSchemas
 )
 # keywords whose value is one subschema / a list of them / a name -> subschema map
 _ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
@@ -35,19 +41,27 @@ _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSch
 def unsupported_feature(schema: Any) -> str | None:
     """Why `schema` cannot be enforced (the first reason, with its JSON path), or None."""
     for path, node in _subschemas(schema, "$"):
-        reason = _node_reason(node)
+        reason = _node_reason(node, schema)
         if reason is not None:
             return f"{reason} at {path}"
     return None
 
 
-def _node_reason(node: dict[str, Any]) -> str | None:
+def _node_reason(node: dict[str, Any], root: Any) -> str | None:
     for keyword in IGNORED_KEYWORDS:
         if keyword in node and not (keyword == "uniqueItems" and node[keyword] is False):
             return f"{keyword!r} is not enforced by the grammar backend"
     all_of = node.get("allOf")
     if isinstance(all_of, list) and len(all_of) > 1:
         return "'allOf' of several schemas is not enforced by the grammar backend"
+    if "multipleOf" in node and not _integer_multiple(node):
+        return "'multipleOf' is enforced only on an integer, by an integer"
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#"):
+        return f"'$ref' to another document ({ref!r}) is not resolved"
+    one_of = node.get("oneOf")
+    if isinstance(one_of, list) and not _pairwise_disjoint(one_of, root):
+        return "'oneOf' whose branches may overlap is enforced as 'anyOf'"
     required = node.get("required")
     if isinstance(required, list) and "additionalProperties" not in node:
         defined = node.get("properties") or {}
@@ -73,3 +87,87 @@ def _subschemas(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
         if isinstance(value, dict):
             for name, child in value.items():
                 yield from _subschemas(child, f"{path}.{key}.{name}")
+
+
+def _integer_multiple(node: dict[str, Any]) -> bool:
+    value = node["multipleOf"]
+    return node.get("type") == "integer" and isinstance(value, int) and not isinstance(value, bool)
+
+
+def _pairwise_disjoint(branches: list[Any], root: Any) -> bool:
+    resolved = [_resolve(branch, root) for branch in branches]
+    return all(
+        _disjoint(a, b) for i, a in enumerate(resolved) for b in resolved[i + 1 :]
+    )
+
+
+def _disjoint(a: Any, b: Any) -> bool:
+    """Whether no JSON document can match both branches (judged conservatively)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    kinds_a, kinds_b = _kinds(a), _kinds(b)
+    if kinds_a is not None and kinds_b is not None and not kinds_a & kinds_b:
+        return True
+    values_a, values_b = _values(a), _values(b)
+    if values_a is not None and values_b is not None and not _overlap(values_a, values_b):
+        return True
+    return _discriminated(a, b)
+
+
+def _discriminated(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Both require a property whose const / enum values differ (a discriminated union)."""
+    required = set(_list(a.get("required"))) & set(_list(b.get("required")))
+    props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
+    for name in required:
+        values_a = _values(props_a.get(name)) if isinstance(props_a, dict) else None
+        values_b = _values(props_b.get(name)) if isinstance(props_b, dict) else None
+        if values_a is not None and values_b is not None and not _overlap(values_a, values_b):
+            return True
+    return False
+
+
+# JSON Schema's types as sets of JSON values: an integer is a number
+_KIND = {"integer": "number", "number": "number", "string": "string", "boolean": "boolean",
+         "null": "null", "array": "array", "object": "object"}  # fmt: skip
+
+
+def _kinds(node: dict[str, Any]) -> set[str] | None:
+    """The JSON value kinds `node` can match, or None when not bounded by its `type`."""
+    types = node.get("type")
+    names = [types] if isinstance(types, str) else types
+    if not isinstance(names, list) or not all(name in _KIND for name in names):
+        return None
+    return {_KIND[name] for name in names}
+
+
+def _values(node: Any) -> list[Any] | None:
+    """The only values `node` allows (its `const` or `enum`), or None."""
+    if not isinstance(node, dict):
+        return None
+    if "const" in node:
+        return [node["const"]]
+    enum = node.get("enum")
+    return enum if isinstance(enum, list) else None
+
+
+def _overlap(a: list[Any], b: list[Any]) -> bool:
+    # JSON equality: 1 == 1.0, but true is not 1
+    return any(x == y and isinstance(x, bool) == isinstance(y, bool) for x in a for y in b)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _resolve(node: Any, root: Any, depth: int = 0) -> Any:
+    """`node`, or what its local `$ref` ("#/$defs/x") points to (unresolved: itself)."""
+    ref = node.get("$ref") if isinstance(node, dict) else None
+    if not isinstance(ref, str) or not ref.startswith("#/") or depth > 16:
+        return node
+    target = root
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(target, dict) or part not in target:
+            return node
+        target = target[part]
+    return _resolve(target, root, depth + 1)
