@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from sglang.srt.managers.request_errors import ServerOverloadedError
 from sglang.test.pool_checks import idle_pool_problems
@@ -246,6 +247,36 @@ def test_bad_input_raises_value_error(engine):
             engine.generate(PROMPT, {"max_new_tokens": 2, **bad})
     with pytest.raises(ValueError, match="top_logprobs_num"):
         engine.generate(PROMPT, greedy(2), return_logprob=True, top_logprobs_num=10**6)
+
+
+def test_bad_seeds_and_token_ids_with_n_name_their_field(engine):
+    outs = engine.generate(PROMPT, greedy(2, n=2, seed=None))  # unseeded, as with n = 1
+    assert [len(o["output_ids"]) for o in outs] == [2, 2]
+    for seed in ("5", [1]):
+        with pytest.raises(ValueError, match="sampling_params.seed") as info:
+            engine.generate(PROMPT, greedy(2, n=2, seed=seed))
+        assert info.value.param == "sampling_params.seed"
+    for ids in (5, torch.tensor(5), {1: 2}):
+        with pytest.raises(ValueError, match="input_ids") as info:
+            engine.generate(input_ids=ids, sampling_params=greedy(2))
+        assert info.value.param == "input_ids"
+
+
+def test_an_unset_max_new_tokens_is_cut_to_the_room_left(engine):
+    """SGLang's rule: the default 128 shrinks to what the context (256) leaves; only a
+    max_new_tokens the caller set is refused for not fitting."""
+    out = engine.generate(input_ids=[20] * 200, sampling_params=GREEDY)
+    assert len(out["output_ids"]) == 56 and out["meta_info"]["finish_reason"]["type"] == "length"
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate(input_ids=[20] * 200, sampling_params=greedy(128))
+
+
+def test_one_rid_for_a_batch_names_each_generation(engine):
+    """As the HTTP routes: `<rid>-<k>`, k counting prompts x n."""
+    outs = engine.generate([PROMPT, "x = 1"], greedy(2), rid="batch")
+    assert [o["meta_info"]["id"] for o in outs] == ["batch-0", "batch-1"]
+    outs = engine.generate([PROMPT, "x = 1"], greedy(2, n=2), rid="pair")
+    assert [o["meta_info"]["id"] for o in outs] == [f"pair-{k}" for k in range(4)]
 
 
 def test_queue_limit_rejects_with_clear_error(engine):

@@ -875,38 +875,57 @@ def _build_requests(
 ) -> tuple[list[GenerateReqInput], bool]:
     """Expand prompts x n into single requests; returns (requests, is_batch).
 
-    Sample k of a seeded request samples with seed + k, as on the HTTP path."""
+    Sample k of a seeded request samples with seed + k, as on the HTTP path. One rid
+    string for several generations names them `<rid>-<k>` (k counting prompts x n, as
+    the HTTP routes do), each with `<rid>` as its parent, which abort_request reaches."""
     from sglang.srt.entrypoints.openai.sampling import for_choice
 
     items, is_list = _prompt_items(prompt, input_ids)
-    params = _per_prompt(sampling_params, len(items))
-    rids = _per_prompt(rid, len(items)) if rid is not None else [None] * len(items)
+    params = [_split_samples(sp) for sp in _per_prompt(sampling_params, len(items))]
     # return_logprob, top_logprobs_num, logprob_start_len: one value, or one per prompt
     per_prompt = {name: _per_prompt(value, len(items), name) for name, value in options.items()}
+    rids = _sample_rids(rid, [n for _, n in params])
     reqs: list[GenerateReqInput] = []
-    for i, (item, sp, r) in enumerate(zip(items, params, rids)):
-        sp, n = _split_samples(sp)
+    for i, (item, (sp, n)) in enumerate(zip(items, params)):
         mine = {name: values[i] for name, values in per_prompt.items()}
         for k in range(n):
-            sample_rid = (f"{r}-{k}" if n > 1 else r) if r is not None else uuid.uuid4().hex
+            sample_rid, parent = rids[len(reqs)]
             reqs.append(
                 GenerateReqInput(
                     **item,
                     sampling_params=dict(for_choice(sp, k)),
                     stream=stream,
                     rid=sample_rid,
-                    parent_rid=r if n > 1 else None,
+                    parent_rid=parent,
                     **mine,
                 )
             )
     return reqs, is_list or len(reqs) > 1
 
 
+def _sample_rids(rid: Any, samples: list[int]) -> list[tuple[str, str | None]]:
+    """(rid, parent rid) of each generation, prompt-major; `samples[i]` is prompt i's n.
+    `rid`: None (fresh ids), one string, or one per prompt."""
+    total = sum(samples)
+    if rid is None:
+        return [(uuid.uuid4().hex, None) for _ in range(total)]
+    if not isinstance(rid, list):
+        if total == 1:
+            return [(rid, None)]
+        return [(f"{rid}-{k}", rid) for k in range(total)]
+    per_prompt = _per_prompt(rid, len(samples), "rid")
+    return [
+        (f"{r}-{k}", r) if n > 1 else (r, None) for r, n in zip(per_prompt, samples)
+        for k in range(n)
+    ]  # fmt: skip
+
+
 def _embedding_requests(
     prompt: Any, input_ids: Any, dimensions: int | None, rid: Any
 ) -> tuple[list[EmbeddingReqInput], bool]:
     items, is_list = _prompt_items(prompt, input_ids)
-    rids = _per_prompt(rid, len(items)) if rid is not None else [None] * len(items)
+    rids = [r for r, _ in _sample_rids(rid, [1] * len(items))] if rid is not None else (
+        [None] * len(items))
     reqs = [EmbeddingReqInput(**item, rid=r, dimensions=dimensions) for item, r in zip(items, rids)]
     return reqs, is_list
 
@@ -929,6 +948,10 @@ def _prompt_items(prompt: Any, input_ids: Any) -> tuple[list[dict[str, Any]], bo
         is_list = isinstance(prompt, list)
         return [{"text": p} for p in (prompt if is_list else [prompt])], is_list
     input_ids = _plain_ids(input_ids)
+    if not isinstance(input_ids, list):
+        raise InvalidParamError(
+            "input_ids must be a list of token ids, or a list of such lists", "input_ids"
+        )
     is_list = bool(input_ids) and isinstance(input_ids[0], list)
     return [{"input_ids": ids} for ids in (input_ids if is_list else [input_ids])], is_list
 

@@ -410,6 +410,12 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             params.max_new_tokens = self._room_for_output(len(input_ids), params.max_new_tokens)
             if params.max_new_tokens is not None:
                 params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
+        elif "max_new_tokens" not in (obj.sampling_params or {}):
+            # the default (128) is cut to the room the context leaves, as in SGLang: only a
+            # max_new_tokens the caller set is refused for not fitting
+            room = max(self.context_len - len(input_ids), 0)
+            params.max_new_tokens = min(params.max_new_tokens, room)
+            params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
         self._check_length(len(input_ids), params.max_new_tokens)
         return TokenizedGenerateReqInput(
             rid=obj.rid,

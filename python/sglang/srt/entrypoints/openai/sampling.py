@@ -128,9 +128,10 @@ def sampling_params(request: SamplingFields, max_new_tokens: int | None) -> dict
 def for_choice(params: dict[str, Any], choice_idx: int) -> dict[str, Any]:
     """Choice j of a seeded request samples with seed + j, so n > 1 choices differ
     yet the whole response is reproducible."""
-    if "seed" not in params or choice_idx == 0:
+    seed = params.get("seed")
+    if type(seed) is not int or choice_idx == 0:  # None: unseeded; not an int: refused later
         return params
-    seed = params["seed"] + choice_idx
+    seed += choice_idx
     if seed > SEED_RANGE[1]:  # past the top of the range: wrap to the bottom, still distinct
         seed -= 1 << 64
     return {**params, "seed": seed}
