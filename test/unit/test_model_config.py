@@ -92,8 +92,10 @@ YARN_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embed
 
 @pytest.mark.parametrize(
     "scaling",
-    [None, {"rope_type": "linear", "factor": 4.0}, LLAMA3_SCALING, YARN_SCALING],
-    ids=["default", "linear", "llama3", "yarn"],
+    [None, {"rope_type": "linear", "factor": 4.0}, LLAMA3_SCALING, YARN_SCALING,
+     # without its original length, HF takes max_position_embeddings (not Meta's 8192)
+     {k: v for k, v in LLAMA3_SCALING.items() if k != "original_max_position_embeddings"}],
+    ids=["default", "linear", "llama3", "yarn", "llama3-no-original"],
 )
 def test_rope_matches_hf(tmp_path, scaling):
     from transformers import LlamaConfig
@@ -102,7 +104,7 @@ def test_rope_matches_hf(tmp_path, scaling):
     hf_cfg = LlamaConfig(
         **{k: v for k, v in BASE.items() if k != "architectures"},
         rope_theta=10000.0,
-        rope_scaling=scaling,
+        rope_scaling=dict(scaling) if scaling else None,  # HF fills in missing keys in place
     )
     hf_rope = LlamaRotaryEmbedding(hf_cfg)
     ours = get_rope(16, 1024, 10000.0, scaling)

@@ -136,7 +136,7 @@ def _scaled_inv_freq(
         return _dynamic_ntk(dim, base, factor, scaling, max_position, cache_len)
     if rope_type == "yarn":
         return _yarn_inv_freq(dim, base, factor, scaling, max_position), positions
-    return _llama3_inv_freq(dim, base, factor, scaling), positions
+    return _llama3_inv_freq(dim, base, factor, scaling, max_position), positions
 
 
 def _dynamic_ntk(dim, base, factor, scaling, max_position, cache_len):
@@ -163,11 +163,14 @@ def _dynamic_ntk(dim, base, factor, scaling, max_position, cache_len):
     return inv_freq, torch.arange(max_len, dtype=torch.float32)
 
 
-def _llama3_inv_freq(dim: int, base: float, factor: float, scaling: dict[str, Any]):
+def _llama3_inv_freq(
+    dim: int, base: float, factor: float, scaling: dict[str, Any], max_position: int
+):
     inv_freq = _base_inv_freq(dim, base)
     low = float(scaling.get("low_freq_factor", 1.0))
     high = float(scaling.get("high_freq_factor", 4.0))
-    old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+    # absent, HF (standardize_rope_params) takes the model's max_position_embeddings
+    old_ctx = float(scaling.get("original_max_position_embeddings") or max_position)
     wavelen = 2 * math.pi / inv_freq
     low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
     scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
