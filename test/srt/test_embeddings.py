@@ -199,6 +199,42 @@ def test_bad_inputs_are_400(server):
         assert response.json()["error"]["param"].startswith("input")
 
 
+def _many_long_inputs(seed: int) -> list[list[int]]:
+    """400 inputs of 150 token ids: at 16 tokens a chunk, tens of seconds of prefill."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(10, 1000, size=(400, 150)).tolist()
+
+
+def _queue_drains(server, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        state = requests.get(server.base_url + "/server_info").json()["internal_states"][0]
+        if state["num_running_reqs"] == state["num_queued_reqs"] == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_client_that_goes_away_has_its_inputs_aborted(server):
+    with pytest.raises(requests.Timeout):
+        requests.post(server.base_url + "/v1/embeddings", timeout=0.5,
+                      json={"model": "emb", "input": _many_long_inputs(0)})  # fmt: skip
+    assert _queue_drains(server, within_s=5.0)
+
+
+def test_an_aborted_request_is_a_400_not_a_server_error(server):
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(embed, server, input=_many_long_inputs(1), rid="to-abort")
+        while not requests.get(server.base_url + "/server_info").json()["internal_states"][0][
+            "num_queued_reqs"
+        ]:
+            time.sleep(0.05)
+        requests.post(server.base_url + "/abort_request", json={"rid": "to-abort"})
+        response = reply.result(timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "request_aborted"
+
+
 def test_health_and_model_info(server):
     assert requests.get(server.base_url + "/health_generate").status_code == 200
     assert requests.get(server.base_url + "/model_info").json()["is_generation"] is False

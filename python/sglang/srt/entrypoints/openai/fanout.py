@@ -37,6 +37,12 @@ class ClientDisconnected(Exception):
     """The HTTP client went away; its choices have been aborted."""
 
 
+async def wait_for_disconnect(request: Request) -> None:
+    """Returns when the client of `request` (whose body was read) goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 @dataclass
 class ChoiceEvent:
     index: int
@@ -217,10 +223,7 @@ class ChoiceFanout:
             self._queue.put_nowait(ChoiceEvent(index, error=exc.with_traceback(None)))
 
     async def _watch_disconnect(self) -> None:
-        while True:
-            message = await self._request.receive()
-            if message["type"] == "http.disconnect":
-                break
+        await wait_for_disconnect(self._request)
         logger.info("client disconnected; aborting %d choice(s)", self.num_choices)
         self._queue.put_nowait(ChoiceEvent(-1, disconnected=True))
         self.close()

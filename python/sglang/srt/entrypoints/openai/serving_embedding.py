@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from sglang.srt.entrypoints.openai.errors import APIError
-from sglang.srt.entrypoints.openai.fanout import to_api_error
+from sglang.srt.entrypoints.openai.fanout import (
+    ClientDisconnected,
+    to_api_error,
+    wait_for_disconnect,
+)
 from sglang.srt.entrypoints.openai.protocol import (
     EmbeddingObject,
     EmbeddingRequest,
@@ -26,6 +31,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     EmbeddingUsage,
 )
 from sglang.srt.entrypoints.openai.serving_base import (
+    CLIENT_CLOSED_STATUS,
     check_input_count,
     check_model_name,
     choice_rids,
@@ -37,6 +43,7 @@ from sglang.srt.managers.io_struct import EmbeddingReqInput
 from sglang.srt.managers.tokenizer_embedding import EMBEDDING_REFUSED
 from sglang.srt.observability.metrics import ServerMetrics
 
+logger = logging.getLogger(__name__)
 EmbeddingPrompt = str | list[int]
 
 
@@ -75,7 +82,10 @@ class OpenAIServingEmbedding:
         if not self.tokenizer_manager.is_embedding:
             raise APIError(EMBEDDING_REFUSED, param="model", code="model_not_embedding")
         objs = self.prepare(request)
-        outputs = await self._collect(objs)
+        try:
+            outputs = await self._collect(objs, raw_request)
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_STATUS)
         return JSONResponse(self.build_response(request, outputs).model_dump())
 
     def prepare(self, request: EmbeddingRequest) -> list[EmbeddingReqInput]:
@@ -88,19 +98,35 @@ class OpenAIServingEmbedding:
         ]
         return mark_samples(objs, request_id, request.rid)
 
-    async def _collect(self, objs: list[EmbeddingReqInput]) -> list[dict[str, Any]]:
-        """Every input's output; on the first failure the others are cancelled (which
-        aborts them in the scheduler) and the failure is answered."""
+    async def _collect(
+        self, objs: list[EmbeddingReqInput], raw_request: Request | None
+    ) -> list[dict[str, Any]]:
+        """Every input's output. On the first failure, or when the client goes away
+        (ClientDisconnected), the others are cancelled, which aborts them in the
+        scheduler, and the failure is answered."""
         tasks = [asyncio.ensure_future(self._encode(o)) for o in objs]
+        every = asyncio.gather(*tasks)
+        watch = None if raw_request is None else asyncio.ensure_future(
+            wait_for_disconnect(raw_request))  # fmt: skip
         try:
-            return list(await asyncio.gather(*tasks))
+            if watch is not None:
+                await asyncio.wait((every, watch), return_when=asyncio.FIRST_COMPLETED)
+                if not every.done():
+                    logger.info("client disconnected; aborting %d embedding input(s)", len(objs))
+                    raise ClientDisconnected()
+            return list(await every)
         except Exception as exc:
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(every, return_exceptions=True)
+            if isinstance(exc, ClientDisconnected):
+                raise
             error = to_api_error(exc, _input_param)
             error.param = error.param and _input_param(error.param)
             raise error from None
+        finally:
+            if watch is not None:
+                watch.cancel()
 
     async def _encode(self, obj: EmbeddingReqInput) -> dict[str, Any]:
         """One input's output, counted in /metrics (requests, prompt tokens, latency)."""
@@ -117,7 +143,12 @@ class OpenAIServingEmbedding:
         data = []
         for index, out in enumerate(outputs):
             if out["embedding"] is None:  # aborted (by /abort_request) before it finished
-                raise APIError("the request was aborted", 500, code="request_failed")
+                # not a server fault, and there is no finish_reason to say "abort" with
+                raise APIError(
+                    "the request was aborted (abort_request) before its embedding was made",
+                    400,
+                    code="request_aborted",
+                )
             vector = encode_vector(out["embedding"], request.encoding_format)
             data.append(EmbeddingObject(index=index, embedding=vector))
         prompt_tokens = sum(int(out["meta_info"]["prompt_tokens"]) for out in outputs)
