@@ -195,10 +195,13 @@ def test_dead_scheduler_of_one_rank_fails_requests_and_exits(tiny_llama_dir, tmp
         srv.stop(signal.SIGKILL)
 
 
-def test_a_frozen_dp_controller_is_killed_and_requests_fail(tiny_llama_dir, tmp_path):
-    """SIGSTOP freezes the controller that routes requests to the ranks: nothing reached
-    the ranks and every request waited forever. The launcher sees it stop stepping and
-    kills it past --watchdog-timeout; the request gets a 503 and the server exits."""
+@pytest.mark.parametrize("role", ["dp_controller", "detokenizer"])
+def test_a_frozen_relay_process_is_killed_and_requests_fail(tiny_llama_dir, tmp_path, role):
+    """SIGSTOP freezes a process between the ranks and the HTTP side: the controller that
+    routes requests to the ranks, or the detokenizer (its own process under dp > 1) that
+    relays their outputs; every request waited forever. The launcher sees it stop
+    stepping and kills it past --watchdog-timeout; the request gets a 503 and the server
+    exits."""
     from sglang.srt.entrypoints.engine import hang_limit_s
     from sglang.test.soak import server_processes
 
@@ -207,14 +210,14 @@ def test_a_frozen_dp_controller_is_killed_and_requests_fail(tiny_llama_dir, tmp_
     try:
         roles = server_processes(srv.proc.pid)
         tree = [p for _, p in roles]
-        controller = dict(roles)["dp_controller"]
-        controller.suspend()
+        frozen = dict(roles)[role]
+        frozen.suspend()
         body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}}
         status = requests.post(srv.base_url + "/generate", json=body,
                                timeout=hang_limit_s(1.0) + 15).status_code  # fmt: skip
         assert status == 503
         assert srv.proc.wait(timeout=30) != 0
-        assert f"The dp_controller process (pid {controller.pid}) was killed after" in srv.log()
+        assert f"The {role} process (pid {frozen.pid}) was killed after" in srv.log()
         assert_all_gone(tree)
     finally:
         srv.stop(signal.SIGKILL)

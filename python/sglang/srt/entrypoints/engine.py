@@ -374,7 +374,11 @@ def _launch_relay_processes(
         )
         children.watch_for_hang("dp_controller", readers[-1][1], clock)
     if not inline_detokenizer:
-        readers.append(_spawn_child(ctx, children, "detokenizer", run_detokenizer_process, args))
+        clock = ForwardClock.shared(ctx)  # its steps, so a frozen detokenizer is killed
+        readers.append(
+            _spawn_child(ctx, children, "detokenizer", run_detokenizer_process, (*args, clock))
+        )
+        children.watch_for_hang("detokenizer", readers[-1][1], clock)
     return readers
 
 

@@ -26,6 +26,7 @@ from sglang.srt.managers.request_errors import internal_error_reason
 logger = logging.getLogger(__name__)
 
 REPLACEMENT_CHAR = "\ufffd"
+IDLE_STEP_MS = 200  # an idle detokenizer process still steps (and stamps its clock) this often
 
 
 @dataclass
@@ -345,9 +346,16 @@ class DetokenizerManager(BatchDetokenizer):
         self.recv_from_scheduler = recv_from_scheduler
         self.send_to_tokenizer = send_to_tokenizer
 
-    def event_loop(self) -> None:
+    def event_loop(self, clock: Any = None) -> None:
+        """Relay forever; `clock` (a ForwardClock shared with the launcher) is stamped at
+        each step, at least every IDLE_STEP_MS, so a frozen detokenizer (SIGSTOP, a
+        deadlock) is seen and killed rather than holding every request."""
         while True:
-            msg = self.recv_from_scheduler.recv()
+            if clock is not None:
+                clock.step()
+            msg = self.recv_from_scheduler.recv(timeout_ms=IDLE_STEP_MS)
+            if msg is None:
+                continue
             if isinstance(msg, BatchTokenIDOutput):
                 self.send_to_tokenizer.send(self.handle(msg))
             elif isinstance(msg, TokenizerHandoff):  # another DP rank's copy
@@ -362,14 +370,17 @@ def _detokenizer_error(exc: BaseException) -> dict[str, Any]:
     return reason
 
 
-def run_detokenizer_process(server_args: Any, port_args: Any, ready_writer: Any) -> None:
-    """Process entry: publish, take the scheduler's tokenizer, report ready, loop forever."""
+def run_detokenizer_process(
+    server_args: Any, port_args: Any, clock: Any, ready_writer: Any
+) -> None:
+    """Process entry: publish, take the scheduler's tokenizer, report ready, loop forever
+    stamping `clock` (None: no hang watch)."""
     from sglang.srt.managers.process_entry import run_child
 
-    run_child("detokenizer", server_args, ready_writer, lambda: _build(port_args))
+    run_child("detokenizer", server_args, ready_writer, lambda: _build(port_args, clock))
 
 
-def _build(port_args: Any):
+def _build(port_args: Any, clock: Any = None):
     import zmq
 
     from sglang.srt.managers.ipc import PullEndpoint, PushEndpoint
@@ -381,7 +392,7 @@ def _build(port_args: Any):
         recv_from_scheduler,
         PushEndpoint(ctx, port_args.tokenizer_ipc_name),
     )
-    return {}, manager.event_loop
+    return {}, lambda: manager.event_loop(clock)
 
 
 def _await_tokenizer(recv_from_scheduler: Any) -> Any:
