@@ -299,13 +299,86 @@ def test_flags_the_rest_of_the_config_leaves_unread_warn(caplog, tmp_path):
     assert not [r for r in caplog.records if "has no effect" in r.getMessage()]
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"tokenizer_path": "."}, "--tokenizer-path has no effect here"),
+        ({"grammar_backend": "none", "constrained_json_disable_any_whitespace": True},
+         "--constrained-json-disable-any-whitespace has no effect here"),
+        ({"max_total_tokens": 4096, "mem_fraction_static": 0.5},
+         "--mem-fraction-static has no effect here"),
+        ({"is_embedding": True, "reasoning_parser": "qwen3"}, "--reasoning-parser has no effect"),
+        ({"is_embedding": True, "tool_call_parser": "qwen25"}, "--tool-call-parser has no effect"),
+        ({"is_embedding": True, "stream_interval": 4}, "--stream-interval has no effect here"),
+    ],
+)  # fmt: skip
+def test_more_flags_the_config_leaves_unread_warn(caplog, fields, message):
+    caplog.set_level(logging.WARNING, logger="sglang.srt.arg_groups.validation")
+    extra = {"skip_tokenizer_init": True} if "tokenizer_path" in fields else {}
+    ServerArgs(model_path="org/model", device="cpu", **fields, **extra).resolve_once()
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(m.startswith(message) for m in messages), messages
+
+
+@pytest.mark.parametrize(
+    "fields, says",
+    [
+        ({"random_seed": 1 << 64}, "random_seed"),  # torch.manual_seed overflowed in the child
+        ({"num_threads": 100_000}, "num_threads"),  # OpenMP segfaulted the scheduler
+        ({"max_total_tokens": 5}, "max_total_tokens"),
+        ({"max_total_tokens": 8192, "page_size": 16384}, "max_total_tokens"),
+        ({"api_key": ""}, "api_key"),  # served without authentication
+        ({"served_model_name": ""}, "served_model_name"),
+        ({"tokenizer_path": ""}, "tokenizer_path"),
+        ({"dist_init_addr": "garbage"}, "dist_init_addr"),
+        ({"dist_init_addr": "h:notaport"}, "dist_init_addr"),
+        ({"page_size": None}, "page_size"),  # None for a field that has no None
+        ({"max_prefill_tokens": None}, "max_prefill_tokens"),
+        ({"tp_size": None}, "tp_size"),
+    ],
+)  # fmt: skip
+def test_values_that_crashed_a_child_are_refused_naming_the_field(fields, says):
+    with pytest.raises(ValueError, match=f"^{says}="):
+        ServerArgs(model_path="org/model", device="cpu", **fields).resolve_once()
+
+
+def test_a_draft_directory_without_config_json_is_refused(tmp_path):
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text("{}")
+    (tmp_path / "draft").mkdir()
+    sa = ServerArgs(model_path=str(tmp_path / "target"), device="cpu",
+                    speculative_algorithm="STANDALONE",
+                    speculative_draft_model_path=str(tmp_path / "draft"))  # fmt: skip
+    with pytest.raises(ValueError, match="speculative_draft_model_path"):
+        sa.resolve_once()
+
+
+def test_cuda_on_a_machine_without_one_is_refused_before_any_child_starts():
+    from sglang.srt.entrypoints.engine import _check_device_present
+
+    with pytest.raises(ValueError, match="device='cuda' is not accepted here"):
+        _check_device_present("cuda")
+    _check_device_present("cpu")
+
+
+def test_a_hub_id_that_cannot_be_fetched_exits_2_naming_the_field():
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", "my-model-dir-typo",
+         "--port", "1"], capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "error: model_path='my-model-dir-typo': cannot load its tokenizer" in proc.stderr
+
+
 def test_an_engine_warns_of_http_server_settings(caplog):
     from sglang.srt.entrypoints.engine import _warn_http_only_fields
 
     caplog.set_level(logging.WARNING, logger="sglang.srt.entrypoints.engine")
-    _warn_http_only_fields(ServerArgs(model_path="org/model", port=31234, api_key="k"))
+    _warn_http_only_fields(ServerArgs(model_path="org/model", port=31234, api_key="k",
+                                      reasoning_parser="qwen3"))  # fmt: skip
     messages = [r.getMessage() for r in caplog.records]
-    assert [m.split(" ")[0] for m in messages] == ["port", "api_key"]
+    assert [m.split(" ")[0] for m in messages] == ["port", "api_key", "reasoning_parser"]
     assert all("has no effect on an Engine" in m for m in messages)
 
 

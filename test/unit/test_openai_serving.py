@@ -765,3 +765,6 @@ def test_tokenize_without_a_tokenizer_is_400(tm):
         error = assert_error(client.post("/v1/tokenize", json={"prompt": "x"}), 400, "model")
         assert "--skip-tokenizer-init" in error["message"]
         assert_error(client.post("/detokenize", json={"tokens": [1]}), 400, "model")
+        # chat renders text: a 400 naming the reason, with or without --chat-template
+        error = assert_error(client.post("/v1/chat/completions", json=chat_body()), 400, "messages")
+        assert "--skip-tokenizer-init" in error["message"]

@@ -274,6 +274,7 @@ def _draft_model_path(c: Any) -> dict[str, Any]:
         return {}
     if c.speculative_draft_model_path is not None:
         check_local_path_exists("speculative_draft_model_path", c.speculative_draft_model_path)
+        check_checkpoint_dir("speculative_draft_model_path", c.speculative_draft_model_path)
         return {}
     from sglang.demo_models import demo_draft_path
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import types
 import typing
 from pathlib import Path
@@ -56,6 +57,16 @@ MIN_VALUES: dict[str, int | float] = {
 }
 
 
+# torch.manual_seed's range
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
+MAX_THREADS_PER_CORE = 4  # more OpenMP threads than this per core is a typo, not a setting
+MIN_POOL_TOKENS = 16  # the smallest KV pool the runner builds (model_runner._pool_size)
+# strings whose empty value would silently read as unset
+NON_EMPTY_STRINGS = ("api_key", "served_model_name", "tokenizer_path", "chat_template",
+                     "reasoning_parser", "tool_call_parser", "dist_init_addr",
+                     "speculative_draft_model_path")  # fmt: skip
+
+
 def _check_choices(name: str, value: Any, choices: tuple[Any, ...]) -> None:
     if value is not None and value not in choices:
         raise ValueError(f"{name}={value!r} is not accepted; choose one of {list(choices)}")
@@ -79,6 +90,53 @@ def _check_ranges(c: Any) -> None:
         value = getattr(c, name)
         if value is not None and not value > 0:  # NaN too (it would turn the check off)
             raise ValueError(f"{name}={value!r} is not accepted; it must be > 0")
+    seed = c.random_seed
+    if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
+        raise ValueError(
+            f"random_seed={seed!r} is not accepted; it must be in [{SEED_MIN}, {SEED_MAX}] "
+            "(torch's 64-bit seed)"
+        )
+    _check_num_threads(c.num_threads)
+    _check_pool_floor(c)
+    _check_non_empty(c)
+    _check_dist_init_addr(c.dist_init_addr)
+
+
+def _check_num_threads(num_threads: int | None) -> None:
+    cores = os.cpu_count() or 1
+    if num_threads is not None and num_threads > MAX_THREADS_PER_CORE * cores:
+        raise ValueError(
+            f"num_threads={num_threads} is not accepted; this machine has {cores} cores "
+            f"(at most {MAX_THREADS_PER_CORE * cores} threads)"
+        )
+
+
+def _check_pool_floor(c: Any) -> None:
+    """A KV pool set by --max-total-tokens must hold one page and MIN_POOL_TOKENS."""
+    floor = max(MIN_POOL_TOKENS, c.page_size or 1)
+    if c.max_total_tokens is not None and c.max_total_tokens < floor:
+        raise ValueError(
+            f"max_total_tokens={c.max_total_tokens} is not accepted; the KV pool needs at "
+            f"least {floor} tokens (max({MIN_POOL_TOKENS}, page_size={c.page_size}))"
+        )
+
+
+def _check_non_empty(c: Any) -> None:
+    """An empty string would silently mean "unset" (an empty api_key: no authentication)."""
+    for name in NON_EMPTY_STRINGS:
+        if getattr(c, name) == "":
+            raise ValueError(f"{name}='' is not accepted; leave it out, or give a value")
+
+
+def _check_dist_init_addr(addr: str | None) -> None:
+    if addr is None:
+        return
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(
+            f"dist_init_addr={addr!r} is not accepted; it must be host:port "
+            "(port in 1..65535), e.g. 10.0.0.1:5000"
+        )
 
 
 def _check_topology(c: Any) -> None:
@@ -201,7 +259,8 @@ def check_types(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
     hints = _field_types(type(c))
     for f in fields:
         value, expected = getattr(c, f.name), hints.get(f.name)
-        if value is not None and expected is not None and not _has_type(value, expected):
+        # None is a value too: refused for a field whose type does not allow it
+        if expected is not None and not _has_type(value, expected):
             raise ValueError(
                 f"{f.name}={value!r} is not accepted; it must be {_type_name(expected)}"
             )
@@ -262,24 +321,38 @@ def noop_fields(c: Any, fields: tuple[dataclasses.Field, ...]) -> list[tuple[str
     return out
 
 
-def warn_noops(c: Any, fields: tuple[dataclasses.Field, ...]) -> None:
+def warn_noops(c: Any, fields: tuple[dataclasses.Field, ...], typed: Any = None) -> None:
     """Log a warning for each flag that has no effect on the resolved device, or with
-    the rest of this config."""
+    the rest of this config. `c` is the resolved config, `typed` the record of what the
+    operator set (default: `c`)."""
     for name, why in noop_fields(c, fields):
         logger.warning("%s has no effect on %s: %s", flag_of(name), c.device, why)
     defaults = {f.name: f.default for f in fields}
-    for name, why in _context_noops(c, defaults):
+    for name, why in context_noops(c, typed if typed is not None else c, defaults):
         logger.warning("%s has no effect here: %s", flag_of(name), why)
 
 
-def _context_noops(c: Any, defaults: dict[str, Any]) -> list[tuple[str, str]]:
-    """(field, why) for each field set where the rest of the config leaves it unread."""
+def context_noops(c: Any, typed: Any, defaults: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, why) for each field set where the rest of the config leaves it unread;
+    `typed` holds what was set (before resolution filled in defaults)."""
     out = []
     if c.revision is not None and Path(c.model_path).expanduser().is_dir():
         out.append(("revision", f"model_path {c.model_path!r} is a local directory, "
                                 "not a hub id to fetch a revision of"))  # fmt: skip
     if c.dp_size == 1 and c.load_balance_method != defaults["load_balance_method"]:
         out.append(("load_balance_method", "it routes requests between DP ranks; dp_size is 1"))
+    if typed.max_total_tokens is not None and typed.mem_fraction_static is not None:
+        out.append(("mem_fraction_static", "--max-total-tokens sets the KV pool's size"))
+    if c.is_embedding:
+        for name in ("chat_template", "reasoning_parser", "tool_call_parser"):
+            if getattr(c, name) is not None:
+                out.append((name, "an embedding server (--is-embedding) serves no chat"))
+        if c.stream_interval != defaults["stream_interval"]:
+            out.append(("stream_interval", "an embedding server (--is-embedding) streams nothing"))
+    if c.grammar_backend == "none" and c.constrained_json_disable_any_whitespace:
+        out.append(("constrained_json_disable_any_whitespace", "grammar_backend is none"))
+    if c.skip_tokenizer_init and typed.tokenizer_path is not None:
+        out.append(("tokenizer_path", "skip_tokenizer_init loads no tokenizer"))
     return out
 
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import psutil
 
+from sglang.srt.arg_groups.cuda_probe import cuda_available
 from sglang.srt.entrypoints import child_env
 from sglang.srt.managers.forward_clock import ForwardClock, ForwardClocks
 from sglang.srt.managers.io_struct import (
@@ -298,6 +299,7 @@ def _launch_subprocesses(
             "node_rank > 0 runs scheduler ranks only (launch_server serves them with "
             "run_worker_node); the Engine and the HTTP server run on node 0"
         )
+    _check_device_present(str(resolution_result(server_args, "device")))
     # Parsers detected from the chat template: decided before the children fork, so
     # they inherit them; the caller's ServerArgs stays as it was.
     server_args = resolve_auto_parsers(server_args)
@@ -343,6 +345,16 @@ def hang_limit_s(watchdog_timeout_s: float | None) -> float | None:
     if not watchdog_timeout_s or watchdog_timeout_s <= 0:
         return None
     return watchdog_timeout_s + min(watchdog_timeout_s / 4, 5.0) + HANG_GRACE_S
+
+
+def _check_device_present(device: str) -> None:
+    """An explicit --device cuda on a machine without one: refused here, not by an
+    AssertionError in every scheduler."""
+    if device.startswith("cuda") and not cuda_available():
+        raise ValueError(
+            f"device={device!r} is not accepted here: torch sees no CUDA (or ROCm) device "
+            "(use --device cpu, or auto)"
+        )
 
 
 def _launch_relay_processes(
@@ -562,6 +574,8 @@ def _record_detected_parsers(tokenizer_manager: TokenizerManager, launch_args: A
 # ServerArgs fields that configure the HTTP server, which an Engine does not run
 HTTP_ONLY_FIELDS = (
     "host", "port", "api_key", "max_request_body_mb", "skip_server_warmup", "enable_metrics",
+    # the chat route's (the Engine has no chat API)
+    "chat_template", "reasoning_parser", "tool_call_parser",
 )  # fmt: skip
 
 

@@ -171,11 +171,15 @@ def model_chat_template(server_args: ServerArgs) -> str | None:
         return _local_chat_template(Path(path))
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        path,
-        trust_remote_code=resolution_result(server_args, "trust_remote_code"),
-        revision=resolution_result(server_args, "revision"),
-    )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path,
+            trust_remote_code=resolution_result(server_args, "trust_remote_code"),
+            revision=resolution_result(server_args, "revision"),
+        )
+    except OSError as exc:  # a hub id that cannot be fetched (offline, a typo)
+        field = "tokenizer_path" if server_args.tokenizer_path else "model_path"  # as typed
+        raise ValueError(f"{field}={path!r}: cannot load its tokenizer: {exc}") from None
     return _default_template(getattr(tokenizer, "chat_template", None))
 
 

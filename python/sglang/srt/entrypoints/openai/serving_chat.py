@@ -96,6 +96,12 @@ class OpenAIServingChat(OpenAIServingBase):
         )
 
     def _prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
+        if self.tokenizer is None:  # the template renders text, which only a tokenizer reads
+            raise APIError(
+                "chat needs a tokenizer; this server runs without one (--skip-tokenizer-init): "
+                "send token ids to /v1/completions or /generate",
+                param="messages",
+            )
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
         try:
             text = render_chat(
