@@ -285,6 +285,8 @@ def test_speculative_flags_checked_naming_the_field():
     with pytest.raises(ValueError, match="speculative_num_draft_tokens=3.*num_steps \\+ 1"):
         cpu_args(speculative_algorithm="NGRAM", speculative_num_steps=4,
                  speculative_num_draft_tokens=3).resolve_once()  # fmt: skip
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens=1 is not accepted"):
+        cpu_args(speculative_algorithm="NGRAM", speculative_num_draft_tokens=1).resolve_once()
     with pytest.raises(ValueError, match="speculative_draft_model_path is not used by NGRAM"):
         cpu_args(speculative_algorithm="NGRAM", speculative_draft_model_path="/tmp").resolve_once()
     with pytest.raises(ValueError, match="page_size=4 is not supported yet"):

@@ -294,6 +294,11 @@ def resolve_speculative(c: Any) -> Resolved:
     steps = c.speculative_num_steps
     if steps is None:
         given = c.speculative_num_draft_tokens
+        if given is not None and given < 2:  # the verified token and at least one draft
+            raise ValueError(
+                f"speculative_num_draft_tokens={given} is not accepted; it must be >= 2 "
+                "(the last verified token and at least one drafted token)"
+            )
         steps = given - 1 if given is not None else 3
     defaults = {
         "speculative_num_steps": steps,
