@@ -28,13 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     from sglang.srt.entrypoints.engine import ChildStartupError
     from sglang.srt.server_args import server_args_from_namespace
 
-    logging.basicConfig(
-        level=logging.INFO,
+    parser = build_launch_parser()
+    namespace = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(  # --log-level from the start: resolution logs too
+        level=(getattr(namespace, "log_level", None) or "info").upper(),
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    parser = build_launch_parser()
-    namespace = parser.parse_args(sys.argv[1:] if argv is None else argv)
     server_args = server_args_from_namespace(parser, namespace)
     try:
         return _launch(parser, namespace, server_args)

@@ -117,3 +117,14 @@ def test_a_port_in_use_is_refused_before_the_model_loads():
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
     assert "KV pool" not in proc.stderr  # no child started, no model loaded
+
+
+def test_log_level_holds_from_the_start():
+    """Resolution logs (the demo model's path, the KV pool) follow --log-level too."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--port", str(_free_port()),
+         "--log-level", "error", "--context-length", "100000"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "error: context_length" in proc.stderr
+    assert " INFO " not in proc.stderr, proc.stderr
