@@ -120,6 +120,28 @@ def test_render_chat_template_override_and_errors():
         render_chat(tok, [{"role": "user", "content": "x"}])
 
 
+_PARTS = [{"type": "text", "text": "line one\n"}, {"type": "text", "text": "\nline two"}]
+# as Gemma 3's: a template that loops over the parts, trimming each
+_LOOPING = ("{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}"
+            "{% else %}{% for part in m['content'] %}{{ part['text'] | trim }}{% endfor %}"
+            "{% endif %}{% endfor %}")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "template, expected",
+    [("{{ messages[0]['content'] }}", "line one\n \nline two"),  # joined by a space
+     (_LOOPING, "line oneline two"),  # the parts themselves, as HF renders them
+     ("{% for p in messages[0].content | list %}[{{ p.text }}]{% endfor %}",
+      "[line one\n][\nline two]")],
+)  # fmt: skip
+def test_content_parts_reach_a_template_that_loops_over_them(template, expected):
+    """As SGLang and vLLM: parts stay a list for a template that iterates over a
+    message's content; a template that reads it as text gets the texts joined."""
+    assert render_chat(FakeTokenizer(), [{"role": "user", "content": _PARTS}], template) == (
+        expected
+    )
+
+
 class _DisconnectingRequest:
     """An ASGI request whose client leaves after `after_s`."""
 

@@ -603,13 +603,16 @@ def test_tool_history_goes_through_the_template():
     assert text.endswith("tools: get_weather")
 
 
-def test_tool_history_through_the_route(serve):
+@pytest.mark.parametrize("arguments", ['{"city": "Oslo"}', {"city": "Oslo"}])
+def test_tool_history_through_the_route(serve, arguments):
+    """Earlier calls' arguments reach the template as an object, whether the client sent
+    the JSON text (OpenAI) or the object (as HF's apply_chat_template takes it)."""
     tm = make_tm("ok")
     client = serve(tm)
     history = [
         {"role": "user", "content": "Weather?"},
         {"role": "assistant", "tool_calls": [{"id": "call_9", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+         "function": {"name": "get_weather", "arguments": arguments}}]},
         {"role": "tool", "tool_call_id": "call_9", "content": "-3C"},
     ]  # fmt: skip
     body = {"model": MODEL, "messages": history, "tools": TOOLS}

@@ -15,6 +15,7 @@ per-engine state: several Engines in one process each keep their own.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
@@ -63,11 +64,17 @@ def load_chat_template(value: str | None) -> str | None:
 
 
 def message_text(content: Any) -> str:
-    """Flatten OpenAI message content (a string or a list of text parts) to text."""
+    """Flatten OpenAI message content (a string or a list of text parts) to text: the
+    parts joined by a space, as SGLang does for a template that reads content as text."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
+    return " ".join(part["text"] for part in text_parts(content))
+
+
+def text_parts(content: list[Any]) -> list[dict[str, str]]:
+    """The `{"type": "text", "text"}` parts of a content list (checked: text only)."""
     texts = []
     for part in content:
         part_type = part.get("type")
@@ -78,18 +85,26 @@ def message_text(content: Any) -> str:
         text = part.get("text")
         if not isinstance(text, str):  # as OpenAI refuses it
             raise ChatTemplateError("a content part of type 'text' needs a string `text`")
-        texts.append(text)
-    return "".join(texts)
+        texts.append({"type": "text", "text": text})
+    return texts
 
 
-def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def normalize_messages(
+    messages: list[dict[str, Any]], content_as_parts: bool = False
+) -> list[dict[str, Any]]:
     """Plain `{"role", "content", ...}` dicts; "developer" is a system message; an
-    assistant's earlier tool calls carry their arguments as a dict, as templates expect."""
+    assistant's earlier tool calls carry their arguments as a dict, as templates expect.
+    A list of content parts stays a list for a template that loops over it
+    (`content_as_parts`), else becomes text."""
     out = []
     for message in messages:
         item = {k: v for k, v in message.items() if v is not None}
         item["role"] = "system" if message["role"] == "developer" else message["role"]
-        item["content"] = message_text(message.get("content"))
+        content = message.get("content")
+        if content_as_parts and isinstance(content, list):
+            item["content"] = text_parts(content)
+        else:
+            item["content"] = message_text(content)
         if item.get("tool_calls"):
             item["tool_calls"] = [_call_for_template(call) for call in item["tool_calls"]]
         out.append(item)
@@ -136,8 +151,9 @@ def render_chat(
     if tools:
         kwargs["tools"] = tools
     try:
+        as_parts = loops_over_content(template or tokenizer.chat_template)
         return tokenizer.apply_chat_template(
-            normalize_messages(messages),
+            normalize_messages(messages, content_as_parts=as_parts),
             chat_template=template,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
@@ -150,6 +166,36 @@ def render_chat(
         # the template (or transformers around it) refused these messages, tools or
         # kwargs: e.g. raise_exception("roles must alternate"), documents not a list
         raise ChatTemplateError(f"the chat template cannot render this request: {exc}") from None
+
+
+def loops_over_content(template: str | dict[str, str] | None) -> bool:
+    """Whether the template iterates over a message's content (`{% for part in
+    message['content'] %}`): it then takes the parts as a list, as SGLang and vLLM
+    detect from the template's syntax tree."""
+    if isinstance(template, dict):  # named templates: the one apply_chat_template uses
+        template = template.get("default") or next(iter(template.values()), None)
+    return isinstance(template, str) and _loops_over_content(template)
+
+
+@functools.lru_cache(maxsize=8)
+def _loops_over_content(template: str) -> bool:
+    try:
+        tree = jinja2.Environment().parse(template)
+    except jinja2.TemplateError:  # rendering will report it
+        return False
+    return any(_reads_content(loop.iter) for loop in tree.find_all(jinja2.nodes.For))
+
+
+def _reads_content(node: Any) -> bool:
+    while isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) and node.node is not None:
+        node = node.node  # `message['content'] | selectattr(...)`
+    if isinstance(node, jinja2.nodes.Getattr):
+        return node.attr == "content"
+    return (
+        isinstance(node, jinja2.nodes.Getitem)
+        and isinstance(node.arg, jinja2.nodes.Const)
+        and node.arg.value == "content"
+    )
 
 
 # --- parser detection (launcher stage) ------------------------------------------------------

@@ -285,7 +285,9 @@ class ToolCall(OmitsUnset):
 
 class HistoryFunctionCall(BaseModel):
     name: strict(str)
-    arguments: strict(str)
+    # OpenAI sends a JSON object's text; an object itself is taken too (as HF's
+    # apply_chat_template renders it, and SGLang accepts it)
+    arguments: Union[strict(str), dict[str, Any]]
 
 
 class HistoryToolCall(BaseModel):
