@@ -405,6 +405,8 @@ UNENFORCEABLE = {
     "multipleOf_number": {"type": "number", "multipleOf": 0.5},
     "multipleOf_untyped": {"multipleOf": 2},
     "remote_ref": {"$ref": "http://example.com/schema.json"},
+    "enum_of_another_type": {"type": "string", "enum": ["a", 1]},  # 1 was produced
+    "const_of_another_type": {"type": "integer", "const": 1.5},
     "oneOf_overlapping_types": {"oneOf": [{"type": "integer"}, {"type": "number"}]},
     "oneOf_overlapping_objects": {"oneOf": [
         {"type": "object", "properties": {"a": {"type": "integer"}}},
@@ -419,6 +421,9 @@ ENFORCEABLE = [
     {"type": "object", "required": ["a"], "additionalProperties": {"type": "integer"}},
     {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"if": {"type": "string"}}}]},
     {"type": "integer", "multipleOf": 5},
+    {"type": ["string", "null"], "enum": ["a", None]},
+    {"type": "integer", "enum": [1, 2.0]},
+    {"type": "number", "const": 3},
     {"oneOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]},
     {"oneOf": [{"const": 1}, {"const": True}, {"enum": ["a", 2.5]}]},
     # a discriminated union, as pydantic writes one

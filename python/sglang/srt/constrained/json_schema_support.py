@@ -62,6 +62,10 @@ def _node_reason(node: dict[str, Any], root: Any) -> str | None:
     one_of = node.get("oneOf")
     if isinstance(one_of, list) and not _pairwise_disjoint(one_of, root):
         return "'oneOf' whose branches may overlap is enforced as 'anyOf'"
+    values, kinds = _values(node), _kinds(node)
+    if values is not None and kinds is not None and not all(_fits(v, node) for v in values):
+        # the backend allows every listed value, ignoring `type`
+        return "'enum'/'const' lists a value that its 'type' does not allow"
     required = node.get("required")
     if isinstance(required, list) and "additionalProperties" not in node:
         defined = node.get("properties") or {}
@@ -138,6 +142,19 @@ def _kinds(node: dict[str, Any]) -> set[str] | None:
     if not isinstance(names, list) or not all(name in _KIND for name in names):
         return None
     return {_KIND[name] for name in names}
+
+
+def _fits(value: Any, node: dict[str, Any]) -> bool:
+    """Whether the JSON value is of a type `node` allows (an integer: a whole number)."""
+    types = node["type"] if isinstance(node["type"], list) else [node["type"]]
+    if isinstance(value, bool):
+        return "boolean" in types
+    if isinstance(value, (int, float)):
+        return "number" in types or ("integer" in types and float(value).is_integer())
+    return _JSON_KIND.get(type(value)) in types
+
+
+_JSON_KIND = {str: "string", type(None): "null", list: "array", dict: "object"}
 
 
 def _values(node: Any) -> list[Any] | None:
