@@ -339,9 +339,14 @@ def test_server_info_flush_cache_and_weight_update(engine, tiny_llama_dir):
     expected = engine.generate(PROMPT, greedy(4))["output_ids"]
     ok, _ = engine.update_weights_from_disk(str(tiny_llama_dir), load_format="dummy")
     assert ok and engine.get_server_info()["load_format"] == "dummy"
+    engine.generate(PROMPT, greedy(4))
+    engine.generate(PROMPT, greedy(4))  # a cache hit
+    assert engine.get_server_info()["internal_states"][0]["cache_hit_rate"] > 0
     ok, _ = engine.update_weights_from_disk(str(tiny_llama_dir))  # no format: "auto"
     assert ok
     info = engine.get_server_info()
+    # the prefixes the hit rate described are gone with the old weights' KV
+    assert info["internal_states"][0]["cache_hit_rate"] == 0
     assert info["internal_states"][0]["model_path"] == str(tiny_llama_dir)
     assert info["load_format"] == info["internal_states"][0]["load_format"] == "auto"
     assert engine.generate(PROMPT, greedy(4))["output_ids"] == expected  # the real weights

@@ -151,13 +151,18 @@ class SchedulerRequestsMixin:
             text = "Cannot flush the cache while requests are in flight."
             out = FlushCacheReqOutput(False, text, dp_rank=self.dp_rank)
         else:
-            self.tree_cache.reset()
-            self.allocator.clear()
-            self.req_to_token_pool.clear()
-            self.reserve_excess()
-            self.cache_hits = self.cache_queries = 0
+            self._empty_cache()
             out = FlushCacheReqOutput(True, "Cache flushed.", dp_rank=self.dp_rank)
         self.send_to_tokenizer.send(out)
+
+    def _empty_cache(self) -> None:
+        """Drop every cached prefix (idle: no request holds KV) and the hit-rate figures
+        that described them."""
+        self.tree_cache.reset()
+        self.allocator.clear()
+        self.req_to_token_pool.clear()
+        self.reserve_excess()
+        self.cache_hits = self.cache_queries = 0
 
     def handle_get_internal_state(self, msg: GetInternalStateReq) -> None:
         if self.is_idle() and not self._checked_idle:
@@ -226,9 +231,7 @@ class SchedulerRequestsMixin:
             # the runner loads with "auto" when none is given (not the one before)
             fields = {"model_path": msg.model_path, "load_format": msg.load_format or "auto"}
             get_context().override("update_weights_from_disk", **fields)
-            self.tree_cache.reset()
-            self.allocator.clear()
-            self.reserve_excess()
+            self._empty_cache()  # KV made with the old weights
         self.send_to_tokenizer.send(
             UpdateWeightFromDiskReqOutput(
                 ok, text, msg.model_path, msg.load_format, dp_rank=self.dp_rank
