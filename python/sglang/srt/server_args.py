@@ -125,7 +125,7 @@ class ServerArgs(
         except BaseException:
             del self.__dict__[STASH_ATTR]
             raise
-        warn_noops(view, dataclasses.fields(self), typed=self)
+        warn_noops(view, dataclasses.fields(self), self)
         return self
 
     def resolved_dict(self) -> dict[str, Any]:

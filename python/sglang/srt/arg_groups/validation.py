@@ -27,6 +27,7 @@ from sglang.srt.arg_groups.attention_support import (
 )
 from sglang.srt.arg_groups.exec_ import FP8_KV_DTYPES
 from sglang.srt.arg_groups.parallel import MAX_DP_RANKS_PER_NODE, check_tp_split
+from sglang.srt.sampling.param_types import SEED_RANGE
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,6 @@ MIN_VALUES: dict[str, int | float] = {
 }
 
 
-# torch.manual_seed's range
-SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
 MAX_THREADS_PER_CORE = 4  # more OpenMP threads than this per core is a typo, not a setting
 MIN_POOL_TOKENS = 16  # the smallest KV pool the runner builds (model_runner._pool_size)
 # strings whose empty value would silently read as unset
@@ -90,10 +89,10 @@ def _check_ranges(c: Any) -> None:
         value = getattr(c, name)
         if value is not None and not value > 0:  # NaN too (it would turn the check off)
             raise ValueError(f"{name}={value!r} is not accepted; it must be > 0")
-    seed = c.random_seed
-    if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
+    seed, (low, high) = c.random_seed, SEED_RANGE
+    if seed is not None and not low <= seed <= high:
         raise ValueError(
-            f"random_seed={seed!r} is not accepted; it must be in [{SEED_MIN}, {SEED_MAX}] "
+            f"random_seed={seed!r} is not accepted; it must be in [{low}, {high}] "
             "(torch's 64-bit seed)"
         )
     _check_num_threads(c.num_threads)
@@ -321,14 +320,14 @@ def noop_fields(c: Any, fields: tuple[dataclasses.Field, ...]) -> list[tuple[str
     return out
 
 
-def warn_noops(c: Any, fields: tuple[dataclasses.Field, ...], typed: Any = None) -> None:
+def warn_noops(c: Any, fields: tuple[dataclasses.Field, ...], typed: Any) -> None:
     """Log a warning for each flag that has no effect on the resolved device, or with
     the rest of this config. `c` is the resolved config, `typed` the record of what the
-    operator set (default: `c`)."""
+    operator set."""
     for name, why in noop_fields(c, fields):
         logger.warning("%s has no effect on %s: %s", flag_of(name), c.device, why)
     defaults = {f.name: f.default for f in fields}
-    for name, why in context_noops(c, typed if typed is not None else c, defaults):
+    for name, why in context_noops(c, typed, defaults):
         logger.warning("%s has no effect here: %s", flag_of(name), why)
 
 

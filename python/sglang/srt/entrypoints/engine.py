@@ -942,8 +942,9 @@ def _embedding_requests(
     prompt: Any, input_ids: Any, dimensions: int | None, rid: Any
 ) -> tuple[list[EmbeddingReqInput], bool]:
     items, is_list = _prompt_items(prompt, input_ids)
-    rids = [r for r, _ in _sample_rids(rid, [1] * len(items))] if rid is not None else (
-        [None] * len(items))
+    rids = (
+        [None] * len(items) if rid is None else [r for r, _ in _sample_rids(rid, [1] * len(items))]
+    )
     reqs = [EmbeddingReqInput(**item, rid=r, dimensions=dimensions) for item, r in zip(items, rids)]
     return reqs, is_list
 

@@ -406,16 +406,15 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         if params.n != 1:
             raise ValueError("n > 1 must be expanded into n requests by the caller")
         params.normalize(self.tokenizer)
-        if self.allow_auto_truncate:  # the prompt is already cut (_input_ids)
-            params.max_new_tokens = self._room_for_output(len(input_ids), params.max_new_tokens)
+        # With auto-truncate (the prompt is already cut, _input_ids) max_new_tokens is cut
+        # to the room the context leaves; so is the default (128) when the caller set
+        # none, as in SGLang: only a max_new_tokens the caller set is refused for not fitting
+        if self.allow_auto_truncate or "max_new_tokens" not in (obj.sampling_params or {}):
+            params.max_new_tokens = self._room_for_output(
+                len(input_ids), params.max_new_tokens, warn=self.allow_auto_truncate
+            )
             if params.max_new_tokens is not None:
                 params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
-        elif "max_new_tokens" not in (obj.sampling_params or {}):
-            # the default (128) is cut to the room the context leaves, as in SGLang: only a
-            # max_new_tokens the caller set is refused for not fitting
-            room = max(self.context_len - len(input_ids), 0)
-            params.max_new_tokens = min(params.max_new_tokens, room)
-            params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
         self._check_length(len(input_ids), params.max_new_tokens)
         return TokenizedGenerateReqInput(
             rid=obj.rid,
@@ -477,13 +476,18 @@ class TokenizerManager(TokenizerEmbeddingMixin):
                        self.context_len, limit)  # fmt: skip
         return input_ids[:limit]
 
-    def _room_for_output(self, input_len: int, max_new_tokens: int | None) -> int | None:
-        """max_new_tokens, cut to what the context leaves after `input_len` tokens."""
+    def _room_for_output(
+        self, input_len: int, max_new_tokens: int | None, warn: bool = True
+    ) -> int | None:
+        """max_new_tokens, cut to what the context leaves after `input_len` tokens (a
+        warning each cut when `warn`)."""
         room = self.context_len - input_len
         if max_new_tokens is None or max_new_tokens <= room:
             return max_new_tokens
-        logger.warning("max_new_tokens %d cut to %d: the context holds %d tokens and the "
-                       "input %d", max_new_tokens, room, self.context_len, input_len)  # fmt: skip
+        if warn:
+            logger.warning("max_new_tokens %d cut to %d: the context holds %d tokens and "
+                           "the input %d", max_new_tokens, room, self.context_len,
+                           input_len)  # fmt: skip
         return room
 
     def check_text_can_fit(self, text: str, param: str) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from sglang.srt.arg_groups.exec_ import FP8_KV_DTYPES
 from sglang.srt.arg_groups.parallel import check_tp_split
+from sglang.srt.arg_groups.validation import MIN_POOL_TOKENS
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers import cpu_threads
 from sglang.srt.layers.attention.base_attn_backend import create_attention_backend
@@ -252,7 +253,7 @@ class ModelRunner:
             size = int(self._kv_budget_bytes() // bytes_per_token)
             rule = f"mem_fraction_static {self._mem_fraction()} of free {self.device.type} memory"
         size -= size % self.page_size
-        if size < max(self.page_size, 16):
+        if size < max(self.page_size, MIN_POOL_TOKENS):
             raise RuntimeError(
                 f"not enough memory for the KV cache ({size} tokens); raise "
                 "--mem-fraction-static or set --max-total-tokens"
