@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -96,6 +97,60 @@ def test_update_weights_readback(server, tiny_llama_dir, tmp_path):
     requests.post(server.base_url + "/update_weights_from_disk", headers=AUTH,
                   json={"model_path": str(tiny_llama_dir)})  # fmt: skip
     assert greedy(server) == before
+
+
+def _stream_until(server, body: dict, started: threading.Event, out: list) -> None:
+    """Stream /generate `body`, setting `started` at the first chunk; the chunks go to `out`."""
+    with requests.post(server.base_url + "/generate", json={**body, "stream": True},
+                       headers=AUTH, stream=True, timeout=120) as r:  # fmt: skip
+        for line in r.iter_lines(decode_unicode=True):
+            if line.startswith("data: {"):
+                out.append(json.loads(line[len("data: "):]))
+                started.set()
+
+
+def _long_streams(server, count: int) -> tuple[list[threading.Thread], list[list]]:
+    body = {"text": "Once", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    events = [threading.Event() for _ in range(count)]
+    chunks: list[list] = [[] for _ in range(count)]
+    threads = [threading.Thread(target=_stream_until, args=(server, body, e, c), daemon=True)
+               for e, c in zip(events, chunks)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    assert all(e.wait(60) for e in events)
+    return threads, chunks
+
+
+def test_abort_all_ends_every_request_with_abort(server):
+    threads, chunks = _long_streams(server, 2)
+    reply = requests.post(server.base_url + "/abort_request", headers=AUTH,
+                          json={"abort_all": True})  # fmt: skip
+    assert reply.status_code == 200
+    assert reply.json()["success"] is True and reply.json()["num_aborted"] == 2
+    for thread in threads:
+        thread.join(timeout=60)
+    for stream in chunks:
+        assert stream[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    # a rid is needed without abort_all; unknown fields are refused, not dropped
+    for body in ({}, {"rid": "x", "abort_everything": True}):
+        bad = requests.post(server.base_url + "/abort_request", headers=AUTH, json=body)
+        assert bad.status_code == 400, body
+
+
+def test_update_weights_with_abort_all_requests(server, tiny_llama_dir):
+    threads, chunks = _long_streams(server, 1)
+    url = server.base_url + "/update_weights_from_disk"
+    body = {"model_path": str(tiny_llama_dir)}
+    busy = requests.post(url, headers=AUTH, json=body)  # refused while a request runs
+    assert busy.status_code == 400 and "in flight" in busy.json()["error"]["message"]
+    done = requests.post(url, headers=AUTH, json={**body, "abort_all_requests": True})
+    assert done.status_code == 200 and done.json()["success"] is True
+    threads[0].join(timeout=60)
+    assert chunks[0][-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    keep = requests.post(url, headers=AUTH, json={**body, "flush_cache": False})
+    assert keep.status_code == 400 and keep.json()["error"]["param"] == "flush_cache"
+    unknown = requests.post(url, headers=AUTH, json={**body, "weight_version": "v2"})
+    assert unknown.status_code == 400 and "weight_version" in unknown.text
 
 
 def _group_alive(pgid: int) -> bool:

@@ -210,7 +210,12 @@ class FakeTokenizerManager:
                  "cache_hit_rate": 0.5, "last_gen_throughput": 12.0,
                  "model_path": self.config["model_path"]}]  # fmt: skip
 
-    async def update_weights_from_disk(self, model_path: str, load_format=None):
+    def abort_all(self, message: str = "") -> int:
+        self.aborted |= self.running
+        return len(self.running)
+
+    async def update_weights_from_disk(self, model_path: str, load_format=None,
+                                       abort_all_requests: bool = False):  # fmt: skip
         if model_path.startswith("/missing"):
             return False, f"no checkpoint at {model_path}"
         self.record_config_updates("update_weights_from_disk", model_path=model_path)

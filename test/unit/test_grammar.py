@@ -9,6 +9,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import jsonschema
 import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
@@ -26,6 +27,7 @@ from sglang.srt.constrained.xgrammar_backend import MAX_JSON_WHITESPACE, XGramma
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.managers.scheduler_parts import grammar as grammar_part
 from sglang.srt.managers.scheduler_parts.grammar import SchedulerGrammarMixin
+from sglang.srt.parser.function_call import tool_call_schema
 from sglang.srt.runtime_context import get_exec, publish
 from sglang.srt.sampling.param_types import InvalidParamError
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -84,6 +86,30 @@ def test_json_schema_output_validates(backend, tokenizer, seed):
     assert set(value) == {"name", "n", "tags"}
     assert 0 <= value["n"] <= 99 and len(value["name"]) <= 6
     assert set(value["tags"]) <= {"x", "y"} and len(value["tags"]) <= 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_forced_tool_calls_keep_the_tools_definitions(backend, tokenizer, seed):
+    # pydantic writes nested models as "$defs" + "#/$defs/..." refs, and a recursive
+    # one as "#": inside the calls' array they must still point at the tool's own schema
+    loc = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Rome"]}},
+           "required": ["city"], "additionalProperties": False}  # fmt: skip
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "maxItems": 1,
+            "items": {"$ref": "#"}}}, "required": ["kids"], "additionalProperties": False}  # fmt: skip
+    tools = [
+        {"type": "function", "function": {"name": "go", "parameters": {
+            "$defs": {"Loc": loc}, "type": "object", "properties": {"to": {"$ref": "#/$defs/Loc"}},
+            "required": ["to"], "additionalProperties": False}}},  # fmt: skip
+        {"type": "function", "function": {"name": "tree", "parameters": tree}},
+    ]
+    schema = tool_call_schema(tools, "required")
+    text = run_constrained(backend, tokenizer, GrammarKey("json_schema", json.dumps(schema)),
+                           seed, max_tokens=400)  # fmt: skip
+    calls = json.loads(text)
+    jsonschema.validate(calls, schema)
+    for call in calls:
+        expected = tools[0 if call["name"] == "go" else 1]["function"]["parameters"]
+        jsonschema.validate(call["parameters"], expected)  # the tool's own schema
 
 
 @pytest.mark.parametrize("length", [{"maxLength": 6}, {"minLength": 1}, {}])

@@ -52,6 +52,14 @@ def test_top_logprobs_keep_every_token_best_first(tokenizer):
     assert out.top_logprobs[0][out.tokens[0]] == -0.5
 
 
+def test_a_sampled_token_outside_the_top_k_is_added_to_top_logprobs():
+    """OpenAI: "the API will always return the logprob of the sampled token, so there
+    may be up to logprobs+1 elements"; vLLM too (and logprobs 0 gives it alone)."""
+    top = [(-0.5, 1, "a"), (-1.0, 2, "b")]
+    out = completion_logprobs([(-3.0, 3, "c"), top[1]], [top, top], None)
+    assert out.top_logprobs == [{"a": -0.5, "b": -1.0, "c": -3.0}, {"a": -0.5, "b": -1.0}]
+
+
 def test_a_shared_name_keeps_the_better_logprob():
     """Without a vocabulary to tell them apart, two tokens that decode alike keep the
     best value, not the last."""

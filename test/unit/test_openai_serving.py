@@ -501,6 +501,42 @@ def test_metrics_count_the_tokens_of_a_request_cut_short():
         assert metric_value(text, name) == value, name
 
 
+def test_metrics_leave_out_the_latencies_of_a_cancelled_request():
+    """A batch sibling cancelled by a refused prompt is no request: the tokens it had
+    before the cancel add no first-token or inter-token samples."""
+    from sglang.srt.observability.metrics import RequestTracker, ServerMetrics
+
+    metrics = ServerMetrics()
+    cancelled, finished = RequestTracker(metrics), RequestTracker(metrics)
+    for done in (1, 3):
+        meta = {"prompt_tokens": 2, "completion_tokens": done}
+        cancelled.on_output({"meta_info": {**meta, "finish_reason": None}})
+        finished.on_output({"meta_info": {**meta, "finish_reason": None}})
+    finished.on_output({"meta_info": {"prompt_tokens": 2, "completion_tokens": 3,
+                                      "finish_reason": {"type": "length"}}})  # fmt: skip
+    text = metrics.render().decode()
+    assert metric_value(text, "time_to_first_token_seconds_count") == 1
+    assert metric_value(text, "inter_token_latency_seconds_count") == 2
+    assert metric_value(text, "num_requests_total") == 1
+
+
+def test_abort_all_and_the_bodies_of_admin_routes(client, tm):
+    tm.running.update({"a", "b"})
+    reply = client.post("/abort_request", json={"abort_all": True}).json()
+    assert reply["success"] is True and reply["num_aborted"] == 2
+    assert {"a", "b"} <= tm.aborted
+    tm.running.clear()
+    assert_error(client.post("/abort_request", json={}), 400, "rid")
+    assert client.post("/abort_request", json={"rid": "a", "abort_al": True}).status_code == 400
+    update = {"model_path": "/models/new"}
+    assert_error(client.post("/update_weights_from_disk", json={**update, "flush_cache": False}),
+                 400, "flush_cache")  # fmt: skip
+    unknown = client.post("/update_weights_from_disk", json={**update, "weight_version": "2"})
+    assert unknown.status_code == 400 and "weight_version" in unknown.text
+    ok = client.post("/update_weights_from_disk", json={**update, "abort_all_requests": True})
+    assert ok.json()["success"] is True
+
+
 def _metric(client, name: str) -> float:
     return metric_value(client.get("/metrics").text, name)
 
@@ -768,3 +804,29 @@ def test_tokenize_without_a_tokenizer_is_400(tm):
         # chat renders text: a 400 naming the reason, with or without --chat-template
         error = assert_error(client.post("/v1/chat/completions", json=chat_body()), 400, "messages")
         assert "--skip-tokenizer-init" in error["message"]
+
+
+def test_a_stream_that_fails_while_shaping_chunks_ends_with_an_error_event():
+    """A bug past the first chunk (a parser raising, say) must not cut the connection:
+    the client gets an error event and [DONE], and the choices are closed."""
+    from sglang.srt.entrypoints.openai.serving_base import SSE_DONE, _sse
+
+    class Fanout:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    async def chunks():
+        yield {"text": "a"}
+        raise RecursionError("maximum recursion depth exceeded")
+
+    async def read(fanout) -> list[bytes]:
+        return [event async for event in _sse(fanout, chunks())]
+
+    fanout = Fanout()
+    events = asyncio.run(read(fanout))
+    assert json.loads(events[0].decode().removeprefix("data: ")) == {"text": "a"}
+    error = json.loads(events[1].decode().removeprefix("data: "))["error"]
+    assert error["code"] == "request_failed" and "recursion" in error["message"]
+    assert events[-1] == SSE_DONE and fanout.closed

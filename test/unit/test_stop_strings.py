@@ -7,6 +7,7 @@ import pytest
 
 from sglang.srt.managers.detokenizer_manager import (
     IncrementalDetokenizer,
+    silent_token_ids,
     stop_window_tokens,
     trim_incomplete_utf8,
 )
@@ -30,21 +31,24 @@ def tokenizer(tmp_path_factory):
 class StopChecker(SchedulerResultsMixin):
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.silent_token_ids = silent_token_ids(tokenizer)
         self.context_len = 10**6
         self.eos_token_ids = set()
 
 
 def generate(
-    tokenizer, text: str, stop: list[str], no_stop_trim: bool = False, **limits: int
-):
-    """Feed `text`'s tokens one at a time through the scheduler's stop check;
-    returns (tokens generated, finish reason). `limits`: max/min_new_tokens."""
+    tokenizer, text: str | list[int], stop: list[str], no_stop_trim: bool = False,
+    **limits: int,
+):  # fmt: skip
+    """Feed `text`'s tokens (or these ids) one at a time through the scheduler's stop
+    check; returns (tokens generated, finish reason). `limits`: max/min_new_tokens."""
     limits.setdefault("max_new_tokens", 1000)
     params = SamplingParams(stop=stop, no_stop_trim=no_stop_trim, **limits)
     params.normalize()
     req = Req("r", [1, 2, 3], params)
     checker = StopChecker(tokenizer)
-    for token in tokenizer.encode(text, add_special_tokens=False):
+    ids = text if isinstance(text, list) else tokenizer.encode(text, add_special_tokens=False)
+    for token in ids:
         req.output_ids.append(token)
         checker.check_finished(req)
         if req.finished:
@@ -84,6 +88,21 @@ def test_multi_token_stop_ends_generation_and_is_trimmed(tokenizer, text, stop, 
     assert detokenize(tokenizer, ids, finish, [stop], stream) == expected
     kept = detokenize(tokenizer, ids, finish, [stop], stream, no_stop_trim=True)
     assert kept == expected + stop
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("run", [1, 6, 40])
+def test_a_stop_across_skipped_special_tokens_is_found(tokenizer, run, stream):
+    # special tokens decode to nothing under skip_special_tokens: the stop "gamma d"
+    # lies in the text although a run of them sits between its characters
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert im_start in silent_token_ids(tokenizer)
+    ids = (tokenizer.encode("alpha beta gamm", add_special_tokens=False) + [im_start] * run
+           + tokenizer.encode("a delta epsilon", add_special_tokens=False))  # fmt: skip
+    out, finish = generate(tokenizer, ids, ["gamma d"])
+    assert finish == {"type": "stop", "matched": "gamma d"}
+    assert "gamma d" not in tokenizer.decode(out[:-1], skip_special_tokens=True)
+    assert detokenize(tokenizer, out, finish, ["gamma d"], stream) == "alpha beta "
 
 
 def test_earliest_stop_wins(tokenizer):

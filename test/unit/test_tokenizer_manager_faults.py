@@ -31,6 +31,7 @@ def _bare_manager() -> TokenizerManager:
     tm = TokenizerManager.__new__(TokenizerManager)
     tm.rid_to_state, tm._dead_message = {}, None
     tm._parent_rids = Counter()
+    tm._idle = asyncio.Event()
     tm.send_to_scheduler = _Recorder()
     return tm
 
@@ -55,6 +56,27 @@ def test_a_fanned_out_request_holds_its_rid_and_abort_reaches_only_its_samples()
     for state in samples:
         assert tm._unregister(state) and not tm._unregister(state)
     tm._register(_state("fam"))  # free again once the samples are done
+    with pytest.raises(ValueError) as refused:
+        tm._register(_state("fam"))
+    assert refused.value.param == "rid"  # the 400 names the field
+
+
+def test_abort_all_aborts_every_request_and_wait_idle_sees_them_end():
+    tm = _bare_manager()
+    states = [_state("a"), _state("b-0", "b"), _state("left")]
+    for state in states:
+        tm._register(state)
+    states[2].abandoned_at = 0.0  # its caller left: being aborted already, not counted
+    assert tm.abort_all() == 2
+    assert sorted(m.rid for m in tm.send_to_scheduler.sent) == ["a", "b-0", "left"]
+
+    async def run() -> tuple[bool, bool]:
+        busy = await tm.wait_idle(0.01)
+        for state in states:
+            asyncio.get_running_loop().call_soon(tm._unregister, state)
+        return busy, await tm.wait_idle(5)
+
+    assert asyncio.run(run()) == (False, True)
 
 
 def test_a_request_whose_caller_left_is_logged_and_its_rid_held(caplog):

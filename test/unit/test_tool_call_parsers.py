@@ -535,3 +535,23 @@ def test_parse_constrained_calls():
     ]
     assert parse_constrained_calls('[{"name": "get_weather", "parameters": {"ci') == []
     assert parse_constrained_calls('{"name": "get_weather"}') == []
+
+
+@pytest.mark.parametrize("as_string", [True, False])
+def test_arguments_nested_past_json_recursion_are_text(as_string):
+    # json.loads/dumps raise RecursionError near depth 1000: such a call is no call,
+    # as any malformed one, and neither the whole nor the streamed parse may raise
+    deep = "[" * 3000 + "]" * 3000
+    arguments = json.dumps('{"a": ' + deep + "}") if as_string else '{"a": ' + deep + "}"
+    text = '<tool_call>{"name": "get_time", "arguments": ' + arguments + "}</tool_call>"
+    assert _whole("hermes", text) == (text, [])
+    normal, calls = _streamed("hermes", text, random.Random(0))
+    # as for any malformed call: a stream may have sent the call before it broke
+    assert all(name == "get_time" for name, _ in calls)
+    if not calls:
+        assert normal == text
+
+
+def test_constrained_calls_nested_past_json_recursion_are_text():
+    deep = "[" * 3000 + "]" * 3000
+    assert parse_constrained_calls('[{"name": "get_time", "parameters": {"a": ' + deep + "}}]") == []

@@ -184,7 +184,10 @@ def _resolve(node: Any, root: Any, depth: int = 0) -> Any:
     target = root
     for part in ref[2:].split("/"):
         part = part.replace("~1", "/").replace("~0", "~")
-        if not isinstance(target, dict) or part not in target:
+        if isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        elif isinstance(target, dict) and part in target:
+            target = target[part]
+        else:
             return node
-        target = target[part]
     return _resolve(target, root, depth + 1)

@@ -28,7 +28,7 @@ from typing import Any
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from sglang import __version__
 from sglang.srt.entrypoints.openai.errors import (
@@ -334,28 +334,51 @@ async def flush_cache(raw_request: Request) -> Response:
 
 
 class AbortRequestBody(BaseModel):
-    rid: str
+    model_config = ConfigDict(extra="forbid")
+    rid: str = ""
+    abort_all: StrictBool = False  # SGLang's: every request in flight
 
 
 @router.post("/abort_request")
 async def abort_request(raw_request: Request) -> dict[str, Any]:
     """200 either way: `success` says whether the request (or, for n > 1, one of
-    its samples `<rid>-<k>`) was in flight and is now being aborted."""
+    its samples `<rid>-<k>`), or with abort_all any request, was in flight and is
+    now being aborted."""
     body = await parse_body(raw_request, AbortRequestBody)
-    found = server_state(raw_request).tokenizer_manager.abort_request(body.rid, with_samples=True)
+    tm = server_state(raw_request).tokenizer_manager
+    if body.abort_all:
+        count = tm.abort_all()
+        logger.info("abort_all: %d request(s) in flight aborted", count)
+        return {"success": count > 0, "rid": body.rid, "num_aborted": count}
+    if not body.rid:
+        raise APIError("rid is required unless abort_all is true", 400, param="rid")
+    found = tm.abort_request(body.rid, with_samples=True)
     return {"success": bool(found), "rid": body.rid}
 
 
 class UpdateWeightsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     model_path: str
     load_format: str | None = None
+    abort_all_requests: StrictBool = False  # SGLang's: abort what runs, then update
+    # SGLang's; the prefix cache holds the old weights' KV, so an update always drops it
+    flush_cache: StrictBool = True
 
 
 @router.post("/update_weights_from_disk")
 async def update_weights_from_disk(raw_request: Request) -> Response:
     body = await parse_body(raw_request, UpdateWeightsBody)
+    if not body.flush_cache:
+        raise APIError(
+            "flush_cache false is not supported: the prefix cache holds KV computed with "
+            "the old weights, so a weight update always drops it",
+            400,
+            param="flush_cache",
+        )
     tm = server_state(raw_request).tokenizer_manager
-    success, message = await tm.update_weights_from_disk(body.model_path, body.load_format)
+    success, message = await tm.update_weights_from_disk(
+        body.model_path, body.load_format, body.abort_all_requests
+    )
     payload = {"success": success, "message": message}
     if not success:
         return APIError(message, 400, param="model_path", code="update_failed").response()

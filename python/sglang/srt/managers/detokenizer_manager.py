@@ -10,7 +10,7 @@ BatchDetokenizer itself (inline).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,12 +67,42 @@ STOP_WINDOW_MARGIN = 4
 STOP_TOKEN_WINDOW = 1 + STOP_WINDOW_MARGIN
 
 
+# How far back a stop window reaches at most, over tokens that decode to nothing.
+MAX_STOP_WINDOW_TOKENS = 1024
+
+
 def stop_window_tokens(stop_strs: Sequence[str]) -> int:
     """Output tokens whose decode must contain any stop string the last token completed.
 
     A token decodes to at least one byte, so a stop of b UTF-8 bytes spans at
-    most b tokens; the margin gives its first token the context it decodes in."""
+    most b tokens; the margin gives its first token the context it decodes in.
+    Tokens that decode to nothing are not counted: see stop_window_start."""
     return max(len(s.encode("utf-8")) for s in stop_strs) + STOP_WINDOW_MARGIN
+
+
+def stop_window_start(ids: Sequence[int], window: int, silent: Container[int]) -> int:
+    """Where in `ids` the stop window of `window` tokens begins, leaving out of the
+    count the `silent` ones (special tokens, which a skip_special_tokens decode
+    drops: a stop may span a run of them); at most MAX_STOP_WINDOW_TOKENS back."""
+    start, counted = len(ids), 0
+    floor = max(0, len(ids) - MAX_STOP_WINDOW_TOKENS)
+    while start > floor and counted < window:
+        start -= 1
+        counted += ids[start] not in silent
+    return start
+
+
+def silent_token_ids(tokenizer: Any) -> frozenset[int]:
+    """The special tokens a skip_special_tokens decode turns into no text (the
+    added tokens marked special too: `all_special_ids` leaves out e.g. <|im_start|>)."""
+    if tokenizer is None:
+        return frozenset()
+    candidates = set(getattr(tokenizer, "all_special_ids", None) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    candidates.update(i for i, token in added.items() if getattr(token, "special", False))
+    return frozenset(
+        i for i in candidates if tokenizer.decode([i], skip_special_tokens=True) == ""
+    )
 
 
 def _is_token_id(matched: Any) -> bool:
@@ -125,6 +155,7 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.states: dict[str, DecodeState] = {}
         self._rust = rust_decoder(tokenizer)
+        self.silent_ids = silent_token_ids(tokenizer)
 
     def _decode_many(self, seqs: list[list[int]], params: list[DecodeParams]) -> list[str]:
         """batch_decode, one call per distinct (skip_special, spaces_between) pair."""
@@ -267,9 +298,10 @@ class IncrementalDetokenizer:
         def decode(ids: list[int]) -> str:
             return self._decode_many([ids], [state.params])[0]
 
-        window = stop_window_tokens([stop])
-        offset = len(state.text) - len(decode(state.ids[-window:]))  # the window ends text
-        hit = find_stop(state.text, [stop], offset + last_token_start(decode, state.ids, window))
+        silent = self.silent_ids if state.params.skip_special_tokens else ()
+        tail = state.ids[stop_window_start(state.ids, stop_window_tokens([stop]), silent) :]
+        offset = len(state.text) - len(decode(tail))  # the window ends text
+        hit = find_stop(state.text, [stop], offset + last_token_start(decode, tail, len(tail)))
         if hit is None:  # the window decoded apart from the whole text: the last one
             idx = state.text.rfind(stop)
             return idx if idx >= 0 else None

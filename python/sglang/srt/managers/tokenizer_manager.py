@@ -69,6 +69,8 @@ INLINE_TOKENIZE_CHARS = 16_384  # longer texts are tokenized off the event loop
 # An abandoned request's rid is held until the scheduler's finish for it arrives (ms);
 # past this, a new request may take the rid anyway (the finish was lost).
 ABANDONED_RID_HOLD_S = 30.0
+# how long a weight update with abort_all_requests waits for the aborted requests to end
+UPDATE_DRAIN_TIMEOUT_S = 30.0
 # A local directory with none of these has no tokenizer for AutoTokenizer to load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -198,6 +200,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self._init_ipc()
         self.rid_to_state: dict[str, ReqState] = {}
         self._parent_rids: Counter[str] = Counter()  # parent rid -> its samples in flight
+        self._idle = asyncio.Event()  # set while rid_to_state is empty
+        self._idle.set()
         self._control_waiters: dict[type, deque[_ReplyCollector]] = {}
         self._config_updates: dict[str, Any] = {}
         self._dead_message: str | None = None
@@ -317,14 +321,16 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         if rid in self.rid_to_state or rid in self._parent_rids:
             held = self.rid_to_state.get(rid)
             if held is not None and held.abandoned_at is not None:
-                raise ValueError(
+                raise InvalidParamError(
                     f"duplicate request id {rid!r}: the request that had it is still "
-                    "being aborted; retry in a moment"
+                    "being aborted; retry in a moment",
+                    "rid",
                 )
-            raise ValueError(f"duplicate request id {rid!r}")
+            raise InvalidParamError(f"duplicate request id {rid!r}", "rid")
         if parent is not None and parent in self.rid_to_state:  # siblings share the parent
-            raise ValueError(f"duplicate request id {parent!r}")
+            raise InvalidParamError(f"duplicate request id {parent!r}", "rid")
         self.rid_to_state[rid] = state
+        self._idle.clear()
         if parent is not None:
             self._parent_rids[parent] += 1
 
@@ -356,6 +362,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         if self.rid_to_state.get(state.obj.rid) is not state:
             return False
         del self.rid_to_state[state.obj.rid]
+        if not self.rid_to_state:
+            self._idle.set()
         parent = state.obj.parent_rid
         if parent is not None:
             self._parent_rids[parent] -= 1
@@ -415,7 +423,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             )
             if params.max_new_tokens is not None:
                 params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
-        self._check_length(len(input_ids), params.max_new_tokens)
+        prompt_param = "input_ids" if obj.input_ids is not None else "text"
+        self._check_length(len(input_ids), params.max_new_tokens, prompt_param)
         return TokenizedGenerateReqInput(
             rid=obj.rid,
             input_text=obj.text,
@@ -502,21 +511,24 @@ class TokenizerManager(TokenizerEmbeddingMixin):
                 param,
             )
 
-    def _check_length(self, input_len: int, max_new_tokens: int | None) -> None:
-        """The prompt must fit the context and the KV pool; prompt + max_new_tokens
-        must fit the context. The message names the limit that was hit."""
+    def _check_length(
+        self, input_len: int, max_new_tokens: int | None, prompt_param: str = "input_ids"
+    ) -> None:
+        """The prompt (the request's field `prompt_param`) must fit the context and the
+        KV pool; prompt + max_new_tokens must fit the context. The message names the
+        limit that was hit."""
         if input_len >= self.context_len:
             raise InvalidParamError(
                 f"The input ({input_len} tokens) is longer than the model's context length "
                 f"({self.context_len} tokens; at most {self.context_len - 1} in the prompt).",
-                "input_ids",
+                prompt_param,
             )
         if input_len > self.max_req_input_len:
             raise InvalidParamError(
                 f"The input ({input_len} tokens) is longer than the KV cache can hold "
                 f"({self.max_req_input_len} tokens; raise --max-total-tokens or "
                 f"--mem-fraction-static).",
-                "input_ids",
+                prompt_param,
             )
         if max_new_tokens is not None and input_len + max_new_tokens > self.context_len:
             raise InvalidParamError(
@@ -551,6 +563,20 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             for r in [rid, *fanned]:
                 self.send_to_scheduler.send(AbortReq(rid=r, message=message))
         return found
+
+    def abort_all(self, message: str = "Aborted by request.") -> int:
+        """Abort every request in flight (SGLang's abort_all); how many were (those
+        whose caller already left are being aborted and not counted)."""
+        live = [rid for rid, state in self.rid_to_state.items() if state.abandoned_at is None]
+        for rid in list(self.rid_to_state):
+            self.abort_request(rid, message)
+        return len(live)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight here, at most `timeout_s`; whether none is."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        return not self.rid_to_state
 
     # ------------------------------------------------------------------ outputs
 
@@ -726,8 +752,14 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         return [out.internal_state for out in outs]
 
     async def update_weights_from_disk(
-        self, model_path: str, load_format: str | None = None
+        self, model_path: str, load_format: str | None = None, abort_all_requests: bool = False
     ) -> tuple[bool, str]:
+        """Load new weights on every rank; refused while requests are in flight, unless
+        `abort_all_requests` (SGLang's field): then they are aborted first."""
+        if abort_all_requests and self.rid_to_state:
+            count = self.abort_all("Aborted for a weight update.")
+            logger.info("weight update: aborted %d request(s) in flight", count)
+            await self.wait_idle(UPDATE_DRAIN_TIMEOUT_S)
         if self.rid_to_state:  # every rank's requests pass here: refused before any loads
             return False, UPDATE_BUSY_MESSAGE
         previous = (self.model_path, self.config_value("load_format"))

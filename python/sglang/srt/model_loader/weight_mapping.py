@@ -53,7 +53,7 @@ def load_stacked_weights(
         loader = getattr(param, "weight_loader", default_weight_loader)
         try:
             loader(param, tensor.to(param.dtype), shard_id)
-        except ValueError as e:
+        except (ValueError, RuntimeError) as e:  # RuntimeError: a narrow() past the tensor
             raise ValueError(f"cannot load checkpoint tensor {name!r}: {e}") from e
         loaded.add(param_name)
         if shard_id is not None:

@@ -109,7 +109,9 @@ def _first_number(keys: tuple[str, ...]):
 
 
 class RequestTracker:
-    """Timing of one generate call, fed with each cumulative output."""
+    """Timing of one generate call, fed with each cumulative output. Its latency
+    samples are recorded when it finishes: a request cancelled before (a batch
+    sibling of a refused prompt) leaves no trace in the histograms."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self._metrics = metrics
@@ -117,6 +119,8 @@ class RequestTracker:
         self._last_s: float | None = None
         self._last_tokens = 0
         self._last_meta: dict[str, Any] = {}  # the latest output's meta_info
+        self._ttft_s: float | None = None
+        self._itl_steps: list[tuple[float, int]] = []  # (seconds per token, tokens)
 
     def on_output(self, output: dict[str, Any]) -> None:
         now = time.perf_counter()
@@ -130,15 +134,18 @@ class RequestTracker:
 
     def _on_new_tokens(self, now: float, num_new: int) -> None:
         if self._last_s is None:
-            self._metrics.observe("time_to_first_token_seconds", now - self._start_s)
+            self._ttft_s = now - self._start_s
         else:
-            per_token_s = (now - self._last_s) / num_new
-            for _ in range(num_new):
-                self._metrics.observe("inter_token_latency_seconds", per_token_s)
+            self._itl_steps.append(((now - self._last_s) / num_new, num_new))
         self._last_s = now
 
     def _on_finish(self, now: float, meta: dict[str, Any], aborted: bool = False) -> None:
         m = self._metrics
+        if self._ttft_s is not None:
+            m.observe("time_to_first_token_seconds", self._ttft_s)
+        for per_token_s, num_tokens in self._itl_steps:
+            for _ in range(num_tokens):
+                m.observe("inter_token_latency_seconds", per_token_s)
         m.observe("e2e_request_latency_seconds", now - self._start_s)
         if isinstance(meta.get("queue_time"), (int, float)):
             m.observe("queue_time_seconds", float(meta["queue_time"]))

@@ -124,8 +124,9 @@ def completion_logprobs(
     offsets: TextOffsets | int = 0,
 ) -> CompletionLogProbs:
     """The legacy completions shape; `offsets` is where the first token starts (or the
-    running offsets of a stream). Without `top_entries` (logprobs 0) each position's
-    top_logprobs holds the chosen token alone, as vLLM's (OpenAI's type is a dict)."""
+    running offsets of a stream). Each position's top_logprobs holds the chosen token
+    too, as OpenAI's and vLLM's (up to logprobs + 1 entries; the chosen one alone for
+    logprobs 0; OpenAI's type is a dict)."""
     if isinstance(offsets, int):
         offsets = TextOffsets(offsets)
     out = CompletionLogProbs()
@@ -134,10 +135,15 @@ def completion_logprobs(
         out.token_logprobs.append(entry[0])
         out.text_offset.append(offsets.take(entry, tokenizer))
         top = top_entries[pos] if top_entries is not None and pos < len(top_entries) else None
-        if top_entries is None and entry[0] is not None:  # logprobs 0: the chosen token's
-            top = [entry]
+        if entry[0] is not None and (top_entries is None or top is not None):
+            top = _with_chosen(top or [], entry)
         out.top_logprobs.append(_top_dict(top, tokenizer))
     return out
+
+
+def _with_chosen(top: list[Entry], chosen: Entry) -> list[Entry]:
+    """`top`, and after it the chosen token when it is not among them."""
+    return top if any(e[1] == chosen[1] for e in top) else [*top, chosen]
 
 
 def merge_completion_logprobs(first: CompletionLogProbs, second: CompletionLogProbs) -> None:

@@ -7,6 +7,7 @@ prompt is still a plain 400) and answer Server-Sent Events ending in `[DONE]`.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator
@@ -19,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from sglang.srt.entrypoints.openai.errors import APIError
-from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
+from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected, to_api_error
 from sglang.srt.entrypoints.openai.protocol import SamplingFields, UsageInfo
 from sglang.srt.entrypoints.openai.sampling import (
     check_choice_params,
@@ -33,6 +34,8 @@ from sglang.srt.entrypoints.openai.usage import usage_of
 if TYPE_CHECKING:
     from sglang.srt.managers.io_struct import GenerateReqInput
     from sglang.srt.observability.metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
@@ -150,6 +153,9 @@ async def _sse(
         return
     except APIError as exc:
         yield exc.sse_bytes()
+    except Exception as exc:  # a bug shaping chunks: the client still gets an error event
+        logger.exception("a stream failed while its chunks were made")
+        yield to_api_error(exc).sse_bytes()
     finally:
         fanout.close()
     yield SSE_DONE

@@ -10,6 +10,7 @@ from sglang.srt.layers.sampler import NO_ALLOWED_TOKEN
 from sglang.srt.managers.detokenizer_manager import (
     find_stop,
     last_token_start,
+    stop_window_start,
     stop_window_tokens,
     trim_incomplete_utf8,
 )
@@ -165,14 +166,16 @@ class SchedulerResultsMixin:
 
         A stop string checked after every token ends inside the last token, so
         it lies within the last len(stop in UTF-8 bytes) tokens (a token is at
-        least one byte). STOP_WINDOW_MARGIN more tokens in front keep the
+        least one byte; special tokens a skip_special_tokens decode drops are not
+        counted, see stop_window_start). STOP_WINDOW_MARGIN more tokens in front keep the
         decode of the stop's first token in context (a leading space, the rest
         of a split character); an incomplete character at the end decodes to
         U+FFFD, which matches no stop until the token that completes it. Stops
         are not checked before min_new_tokens: in the first window after it, one
         must end in the last token (an earlier one was let pass)."""
         params = req.sampling_params
-        window = stop_window_tokens(params.stop_strs)
+        silent = self.silent_token_ids if params.skip_special_tokens else ()
+        start = stop_window_start(req.output_ids, stop_window_tokens(params.stop_strs), silent)
 
         def decode(ids: list[int]) -> str:
             return self.tokenizer.decode(
@@ -181,11 +184,11 @@ class SchedulerResultsMixin:
                 spaces_between_special_tokens=params.spaces_between_special_tokens,
             )
 
-        out = req.output_ids
+        tail = req.output_ids[start:]
         ends_after = 0
-        if params.min_new_tokens and len(out) - params.min_new_tokens < window:
-            ends_after = last_token_start(decode, out, window)
-        hit = find_stop(trim_incomplete_utf8(decode(out[-window:])), params.stop_strs, ends_after)
+        if params.min_new_tokens and len(req.output_ids) - params.min_new_tokens < len(tail):
+            ends_after = last_token_start(decode, tail, len(tail))
+        hit = find_stop(trim_incomplete_utf8(decode(tail)), params.stop_strs, ends_after)
         if hit is not None:
             req.finished_reason = finish_stop(hit[1])
         return hit is not None

@@ -43,7 +43,7 @@ def tool_call_schema(tools: list[dict] | None, tool_choice: ToolChoice) -> dict 
     return {
         "type": "array",
         "minItems": 1,
-        "items": {"anyOf": [_call_schema(f) for f in functions]},
+        "items": {"anyOf": [_call_schema(f, i) for i, f in enumerate(functions)]},
     }
 
 
@@ -52,7 +52,7 @@ def parse_constrained_calls(text: str) -> list[ToolCallItem]:
     (e.g. cut short by max_tokens), in which case the text stays content."""
     try:
         calls = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past json's recursion limit
         return []
     if not isinstance(calls, list):
         return []
@@ -73,12 +73,16 @@ def _constrained_item(call: Any, tool_index: int) -> ToolCallItem | None:
         return None
     try:
         return ToolCallItem(tool_index, call["name"], dump_arguments(args))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
-def _call_schema(function: dict) -> dict:
-    parameters = function.get("parameters") or {"type": "object"}
+def _call_schema(function: dict, index: int) -> dict:
+    """The schema of a call of `function`, the `index`-th branch of the array's items.
+    Its parameters' local `$ref`s ("#/$defs/Loc", "#") are rebased onto where the
+    parameters now sit, so a pydantic-made schema keeps its definitions."""
+    base = f"#/items/anyOf/{index}/properties/parameters"
+    parameters = _rebase_refs(function.get("parameters") or {"type": "object"}, base)
     return {
         "type": "object",
         "properties": {
@@ -87,6 +91,33 @@ def _call_schema(function: dict) -> dict:
         },
         "required": ["name", "parameters"],
     }
+
+
+# keywords whose values are data, not schemas: a "$ref" key in them is no reference
+_DATA_KEYWORDS = frozenset(("const", "enum", "default", "examples"))
+# keywords whose values map names (which may be any word, "enum" too) to schemas
+_NAME_MAPS = frozenset(("properties", "patternProperties", "$defs", "definitions",
+                        "dependentSchemas"))  # fmt: skip
+
+
+def _rebase_refs(node: Any, base: str) -> Any:
+    """`node` with every local `$ref` ("#..." pointing into the parameters' own
+    document) prefixed by `base`, the pointer to that document's new place."""
+    if isinstance(node, list):
+        return [_rebase_refs(item, base) for item in node]
+    if not isinstance(node, dict):
+        return node
+    rebased = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            rebased[key] = base + value[1:]
+        elif key in _DATA_KEYWORDS:
+            rebased[key] = value
+        elif key in _NAME_MAPS and isinstance(value, dict):
+            rebased[key] = {name: _rebase_refs(sub, base) for name, sub in value.items()}
+        else:
+            rebased[key] = _rebase_refs(value, base)
+    return rebased
 
 
 def _functions(tools: list[dict] | None) -> list[dict]:

@@ -52,7 +52,7 @@ def call_from_object(obj: Any, names: frozenset[str]) -> tuple[str, str] | None:
         return None
     try:
         return name, dump_arguments(args)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return None
 
 
@@ -64,7 +64,7 @@ def _arguments(obj: dict) -> Any:
         if isinstance(value, str):  # some models write the arguments as a JSON string
             try:
                 return json.loads(value, strict=False, parse_constant=_reject_constant)
-            except ValueError:
+            except (ValueError, RecursionError):  # too deep for json: not arguments
                 return None
         return value
     return {}
