@@ -830,3 +830,12 @@ def test_a_stream_that_fails_while_shaping_chunks_ends_with_an_error_event():
     error = json.loads(events[1].decode().removeprefix("data: "))["error"]
     assert error["code"] == "request_failed" and "recursion" in error["message"]
     assert events[-1] == SSE_DONE and fanout.closed
+
+
+def test_an_integer_past_64_bits_is_named_out_of_range(client):
+    # orjson reads such a literal as a float: the 400 must not say "not an integer"
+    body = b'{"model": "fake-model", "prompt": "a", "max_tokens": 1180591620717411303424}'
+    reply = client.post("/v1/completions", content=body,
+                        headers={"content-type": "application/json"})  # fmt: skip
+    assert_error(reply, 400, "max_tokens")
+    assert "out of range" in reply.json()["error"]["message"]

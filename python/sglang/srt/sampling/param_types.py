@@ -129,7 +129,21 @@ def error_of(error: dict[str, Any], prefix: str = "") -> InvalidParamError:
     message = error.get("msg", "invalid value")
     if error.get("type") == "extra_forbidden":
         message = "unknown field"
+    elif _is_huge_integer(error):
+        message = "integer out of range (at most 64 bits)"
     return InvalidParamError(f"{param}: {message}" if param else message, param)
+
+
+def _is_huge_integer(error: dict[str, Any]) -> bool:
+    """An integer field given an integer literal past 64 bits: orjson reads such a
+    literal as a float, which pydantic then calls "not a valid integer"."""
+    value = error.get("input")
+    return (
+        error.get("type", "").startswith("int")
+        and isinstance(value, float)
+        and value.is_integer()
+        and abs(value) >= 2.0**63
+    )
 
 
 _TYPE_TAGS = frozenset({"body", "str", "int", "float", "bool", "dict", "list", "none"})
