@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,14 @@ def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers", "gpu: needs a CUDA device (test/gpu/, collected only when torch sees one)"
     )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sglang_log_level_per_module():
+    """An Engine(log_level=...) sets the `sglang` logger's level in this process: each
+    module starts from the default, so log-reading tests do not depend on the order."""
+    yield
+    logging.getLogger("sglang").setLevel(logging.NOTSET)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import logging
+import multiprocessing
 import os
 import signal
 import threading
@@ -114,6 +116,12 @@ def test_two_engines_in_one_process(tiny_llama_dir, tiny_qwen2_dir):
         assert a.generate(input_ids=ids, sampling_params=GREEDY)[0]["output_ids"] == out_a
         assert b.generate(input_ids=ids, sampling_params=GREEDY)[0]["output_ids"] == out_b
         assert out_a != out_b
+        # log_level holds in this process too, for sglang's loggers (LIGHT: warning)
+        assert logging.getLogger("sglang").getEffectiveLevel() == logging.WARNING
+    # shut down, the children are reaped by multiprocessing itself: none is left in its
+    # table, where its exit handler would later SIGTERM the pid (reused by then)
+    children = {p.pid for p in multiprocessing.active_children()}
+    assert not children & {*a.child_pids().values(), *b.child_pids().values()}
 
 
 def _environ_of(pid: int) -> dict[str, str]:

@@ -190,6 +190,10 @@ def test_engine_skip_tokenizer_init_serves_token_ids(tiny_llama_dir, engine):
         assert out["meta_info"]["finish_reason"]["type"] == "length"
         with pytest.raises(InvalidParamError, match="skip-tokenizer-init"):
             llm.generate("text needs a tokenizer", GREEDY_IDS)
+        # stop strings are matched on decoded text: refused, not ignored
+        with pytest.raises(InvalidParamError, match="stop strings need a tokenizer") as refused:
+            llm.generate(input_ids=IDS, sampling_params={**GREEDY_IDS, "stop": " # "})
+        assert refused.value.param == "sampling_params.stop"
 
 
 @pytest.fixture(scope="module")

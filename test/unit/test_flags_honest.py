@@ -382,6 +382,14 @@ def test_an_engine_warns_of_http_server_settings(caplog):
     assert all("has no effect on an Engine" in m for m in messages)
 
 
+def test_an_engine_given_a_path_instead_of_server_args_says_so():
+    from sglang.srt.entrypoints.engine import Engine
+
+    for wrong in ("/models/llama", {"model_path": "/models/llama"}):
+        with pytest.raises(TypeError, match=r"server_args must be a ServerArgs.*model_path="):
+            Engine(wrong)
+
+
 def test_no_warning_at_the_default(caplog):
     caplog.set_level(logging.WARNING, logger="sglang.srt.arg_groups.validation")
     ServerArgs(model_path="org/model", device="cpu").resolve_once()

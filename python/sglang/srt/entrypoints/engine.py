@@ -174,7 +174,7 @@ class ChildProcesses:
         for _, proc in self.procs:
             if proc not in local:
                 proc.stop()  # a Ray actor (ray_engine.ActorProcess)
-        _stop_trees([p.pid for p in local if p.pid is not None and p.is_alive()])
+        _stop_trees([p for p in local if p.pid is not None and p.is_alive()])
         for _, proc in self.procs:
             proc.join(timeout=3.0)
         for cleanup in self.cleanups:
@@ -204,20 +204,33 @@ def _signal_tree(pid: int, sig: int) -> None:
             proc.send_signal(sig)
 
 
-def _stop_trees(pids: list[int], timeout_s: float = 3.0) -> None:
-    """SIGTERM every process of these trees together, then SIGKILL what survives."""
-    procs = []
-    for pid in pids:
+def _stop_trees(roots: list[mp.process.BaseProcess], timeout_s: float = 3.0) -> None:
+    """SIGTERM every process of these trees together, then SIGKILL what survives.
+
+    The roots are this process's multiprocessing children: they are joined through
+    multiprocessing, which reaps them. psutil must not wait on them: it would reap
+    them behind multiprocessing's back, whose is_alive() then stays True, and whose
+    exit handler later signals the pid, which by then may be another process's."""
+    descendants = []
+    for root in roots:
         with contextlib.suppress(psutil.NoSuchProcess):
-            root = psutil.Process(pid)
-            procs += [*root.children(recursive=True), root]
-    for proc in procs:
+            descendants += psutil.Process(root.pid).children(recursive=True)
+    for proc in descendants:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             proc.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for root in roots:
+        root.terminate()
+    deadline = time.monotonic() + timeout_s
+    for root in roots:
+        root.join(max(0.0, deadline - time.monotonic()))
+    _, alive = psutil.wait_procs(descendants, timeout=max(0.0, deadline - time.monotonic()))
     for proc in alive:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             proc.kill()
+    for root in roots:
+        if root.is_alive():
+            root.kill()
+            root.join(timeout_s)
     psutil.wait_procs(alive, timeout=timeout_s)
 
 
@@ -590,6 +603,14 @@ def _warn_http_only_fields(server_args: Any) -> None:
             )  # fmt: skip
 
 
+def _apply_log_level_here(level: Any) -> None:
+    """A log_level the caller gave holds in this process too, for sglang's own loggers
+    (the application's logging stays its own); the children apply it themselves. An
+    invalid value is left to ServerArgs to refuse."""
+    if isinstance(level, str) and isinstance(logging.getLevelName(level.upper()), int):
+        logging.getLogger("sglang").setLevel(level.upper())
+
+
 class Engine:
     """Offline generation: `Engine(model_path=...).generate(prompts, sampling_params)`."""
 
@@ -597,9 +618,17 @@ class Engine:
         from sglang.srt.server_args import ServerArgs
 
         if server_args is None:
+            _apply_log_level_here(kwargs.get("log_level"))
             server_args = ServerArgs(**kwargs)
         elif kwargs:
             raise ValueError("pass either server_args or keyword fields, not both")
+        elif not isinstance(server_args, ServerArgs):
+            raise TypeError(
+                f"server_args must be a ServerArgs, not {type(server_args).__name__}; "
+                "pass the fields as keywords: Engine(model_path=...)"
+            )
+        else:
+            _apply_log_level_here(server_args.log_level)
         self.server_args = server_args
         self._closed = False
         _warn_http_only_fields(server_args)

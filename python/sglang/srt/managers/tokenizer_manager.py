@@ -414,6 +414,12 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         if params.n != 1:
             raise ValueError("n > 1 must be expanded into n requests by the caller")
         params.normalize(self.tokenizer)
+        if params.stop_strs and self.tokenizer is None:  # matched on decoded text
+            raise InvalidParamError(
+                "stop strings need a tokenizer (the server runs with --skip-tokenizer-init): "
+                "use stop_token_ids",
+                "sampling_params.stop",
+            )
         # With auto-truncate (the prompt is already cut, _input_ids) max_new_tokens is cut
         # to the room the context leaves; so is the default (128) when the caller set
         # none, as in SGLang: only a max_new_tokens the caller set is refused for not fitting
