@@ -839,3 +839,15 @@ def test_an_integer_past_64_bits_is_named_out_of_range(client):
                         headers={"content-type": "application/json"})  # fmt: skip
     assert_error(reply, 400, "max_tokens")
     assert "out of range" in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("field,value", [("priority", 5), ("lora_path", "adapter"),
+                                         ("return_hidden_states", True)])  # fmt: skip
+def test_sglang_fields_this_server_lacks_are_refused_not_ignored(client, field, value):
+    # /generate refuses them as unknown fields; the OpenAI routes must not drop them
+    for route, body in (("/v1/chat/completions", chat_body(max_tokens=2)),
+                        ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 2})):  # fmt: skip
+        error = assert_error(client.post(route, json={**body, field: value}), 400, field)
+        assert not error["message"].startswith(f"{field}: Value error")
+    assert client.post("/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 2,
+                                                "priority": None}).status_code == 200  # fmt: skip

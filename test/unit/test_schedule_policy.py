@@ -4,6 +4,7 @@ import pytest
 
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import (
+    PREFIX_POLICY_MAX_WAIT_S,
     NewTokenRatio,
     PrefillBudget,
     SchedulePolicy,
@@ -37,6 +38,19 @@ def test_lpm_puts_longest_prefix_first():
     lens = {"a": 1, "b": 9, "c": 4}
     ordered = SchedulePolicy("lpm").order(reqs, lambda r: (lens[r.rid], None))
     assert [r.rid for r in ordered] == ["b", "c", "a"]
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
+def test_a_request_waiting_past_the_bound_goes_first_under_prefix_policies(policy):
+    # a prompt no cached prefix matches must not starve behind requests sharing one
+    reqs = [make_req("cached-1"), make_req("cold"), make_req("cached-2"), make_req("old")]
+    lens = {"cached-1": 9, "cold": 0, "cached-2": 9, "old": 0}
+    reqs[3].arrival_time_s -= PREFIX_POLICY_MAX_WAIT_S + 1
+    reqs[1].arrival_time_s -= PREFIX_POLICY_MAX_WAIT_S + 2  # came before "old"
+    node = Node()
+    ordered = SchedulePolicy(policy).order(reqs, lambda r: (lens[r.rid], node))
+    assert [r.rid for r in ordered][:2] == ["cold", "old"]
+    assert {r.rid for r in ordered} == {r.rid for r in reqs}
 
 
 def test_dfs_weight_groups_requests_of_the_heavier_subtree():

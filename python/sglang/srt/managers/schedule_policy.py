@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,10 @@ logger = logging.getLogger(__name__)
 POLICIES = ("fcfs", "lpm", "dfs-weight", "random")
 # Past this queue length, prefix-aware orderings cost more than they save.
 PREFIX_POLICY_MAX_QUEUE = 128
+# Under a prefix-aware policy a request that has waited this long goes ahead of the
+# prefix order (first come first): a prompt no cached prefix matches is not starved
+# by a stream of requests that share one.
+PREFIX_POLICY_MAX_WAIT_S = 5.0
 
 
 PREFIX_POLICIES = ("lpm", "dfs-weight")
@@ -57,8 +62,21 @@ class SchedulePolicy:
             return out
         matches = {id(r): match(r) for r in waiting}
         if policy == "lpm":
-            return sorted(waiting, key=lambda r: -matches[id(r)][0])
-        return _dfs_weight_order(waiting, {k: v[1] for k, v in matches.items()})
+            ordered = sorted(waiting, key=lambda r: -matches[id(r)][0])
+        else:
+            ordered = _dfs_weight_order(waiting, {k: v[1] for k, v in matches.items()})
+        return _waited_long_first(ordered, waiting)
+
+
+def _waited_long_first(ordered: list[Req], waiting: list[Req]) -> list[Req]:
+    """`ordered`, with the requests waiting past PREFIX_POLICY_MAX_WAIT_S moved to the
+    front in arrival order."""
+    now = time.monotonic()
+    overdue = [r for r in waiting if now - r.arrival_time_s > PREFIX_POLICY_MAX_WAIT_S]
+    if not overdue:
+        return ordered
+    moved = {id(r) for r in overdue}
+    return overdue + [r for r in ordered if id(r) not in moved]
 
 
 def _dfs_weight_order(waiting: list[Req], last_nodes: dict[int, Any]) -> list[Req]:

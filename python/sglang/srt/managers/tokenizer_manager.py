@@ -431,6 +431,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
                 params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
         prompt_param = "input_ids" if obj.input_ids is not None else "text"
         self._check_length(len(input_ids), params.max_new_tokens, prompt_param)
+        self._fit_kv_pool(len(input_ids), params)
         return TokenizedGenerateReqInput(
             rid=obj.rid,
             input_text=obj.text,
@@ -486,9 +487,9 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         limit = min(self.context_len - 1, self.max_req_input_len)
         if len(input_ids) <= limit:
             return input_ids
-        logger.warning("request %s: the input (%d tokens) is longer than the context allows "
-                       "(%d); truncated to its first %d tokens", rid, len(input_ids),
-                       self.context_len, limit)  # fmt: skip
+        logger.warning("request %s: the input (%d tokens) is longer than the context (%d "
+                       "tokens) and the KV pool allow; truncated to its first %d tokens", rid,
+                       len(input_ids), self.context_len, limit)  # fmt: skip
         return input_ids[:limit]
 
     def _room_for_output(
@@ -504,6 +505,19 @@ class TokenizerManager(TokenizerEmbeddingMixin):
                            "the input %d", max_new_tokens, room, self.context_len,
                            input_len)  # fmt: skip
         return room
+
+    def _fit_kv_pool(self, input_len: int, params: SamplingParams) -> None:
+        """A KV pool smaller than the context (--max-total-tokens) cannot hold a
+        request past its size: max_new_tokens (and min_new_tokens) are cut to what
+        it leaves after the prompt, as SGLang does, so such a request finishes with
+        `length` instead of being aborted once it filled the whole pool."""
+        max_seq_len = self.max_req_input_len + 1  # min(context, pool) tokens
+        if max_seq_len >= self.context_len:
+            return  # the context check above already bounds every request
+        room = max_seq_len - input_len
+        if params.max_new_tokens is None or params.max_new_tokens > room:
+            params.max_new_tokens = room
+            params.min_new_tokens = min(params.min_new_tokens, room)
 
     def check_text_can_fit(self, text: str, param: str) -> None:
         """Refuse, without tokenizing it, a text too long for the context even if every

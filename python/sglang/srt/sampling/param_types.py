@@ -126,7 +126,7 @@ def error_of(error: dict[str, Any], prefix: str = "") -> InvalidParamError:
     """One pydantic error dict (`loc`, `msg`, `type`) as an InvalidParamError."""
     loc = _field_path(error)
     param = prefix + ".".join(loc) if loc else prefix.rstrip(".") or None
-    message = error.get("msg", "invalid value")
+    message = error.get("msg", "invalid value").removeprefix("Value error, ")  # a validator's
     if error.get("type") == "extra_forbidden":
         message = "unknown field"
     elif _is_huge_integer(error):

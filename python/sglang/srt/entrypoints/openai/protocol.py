@@ -77,6 +77,16 @@ class ResponseFormat(BaseModel):
     json_schema: dict[str, Any] | None = None
 
 
+_UNSUPPORTED_SGLANG_FIELDS = {
+    "priority": "priority scheduling is not enabled on this server; send the request "
+    "without a priority",
+    "lora_path": "LoRA adapters are not supported by this server",
+    "return_hidden_states": "return_hidden_states is not supported by this server",
+    "custom_logit_processor": "custom logit processors are not supported by this server",
+    "session_params": "sessions are not supported by this server",
+}
+
+
 class SamplingFields(BaseModel):
     """Sampling fields common to chat and completions, including SGLang's extras.
 
@@ -111,6 +121,19 @@ class SamplingFields(BaseModel):
     json_schema: GrammarText | None = None
     ebnf: GrammarText | None = None
     response_format: ResponseFormat | None = None
+    # SGLang's request fields this server does not implement: refused, never ignored
+    priority: Any = None
+    lora_path: Any = None
+    return_hidden_states: Any = None
+    custom_logit_processor: Any = None
+    session_params: Any = None
+
+    @field_validator(*_UNSUPPORTED_SGLANG_FIELDS)
+    @classmethod
+    def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and value is not False:
+            raise ValueError(_UNSUPPORTED_SGLANG_FIELDS[info.field_name])
+        return value
 
     @field_validator("stream_options")
     @classmethod
