@@ -64,15 +64,16 @@ def stop_group(proc: subprocess.Popen) -> None:
 class TwoNodes:
     """Node 1's launcher and node 0's server; both stopped (groups killed) on exit."""
 
-    def __init__(self, model_dir: Path, tmp_path: Path) -> None:
+    def __init__(self, model_dir: Path, tmp_path: Path, extra: tuple[str, ...] = ()) -> None:
         dist_addr = f"127.0.0.1:{free_port()}"
         self.node1_log = tmp_path / "node1.log"
-        self.node1 = start_worker_node(model_dir, self.node1_log, dist_addr)
+        self.node1 = start_worker_node(model_dir, self.node1_log, dist_addr,
+                                       ("--tp-size", "2", *extra))  # fmt: skip
         self.node0: ServerProcess | None = None
         try:
             self.node0 = start_server(model_dir, tmp_path / "node0.log", "--tp-size", "2",
                                       "--nnodes", "2", "--node-rank", "0",
-                                      "--dist-init-addr", dist_addr)  # fmt: skip
+                                      "--dist-init-addr", dist_addr, *extra)  # fmt: skip
         except BaseException:
             stop_group(self.node1)
             raise
@@ -156,3 +157,26 @@ def _alive(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def scheduler_children(launcher_pid: int) -> list[psutil.Process]:
+    """The scheduler ranks a launcher spawned (multiprocessing spawn children)."""
+    children = psutil.Process(launcher_pid).children(recursive=True)
+    return [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+
+
+def test_a_frozen_rank_on_node1_ends_both_nodes(tiny_llama_dir, tmp_path):
+    """Node 1 watches its rank's steps too: a frozen (SIGSTOP) rank there is killed past
+    --watchdog-timeout, so node 1 exits as node 0 does (it used to stay forever)."""
+    pair = TwoNodes(tiny_llama_dir, tmp_path, ("--watchdog-timeout", "2"))
+    try:
+        for rank in scheduler_children(pair.node1.pid):
+            rank.send_signal(signal.SIGSTOP)
+        body = {"text": "Hello", "sampling_params": {"max_new_tokens": 4}}
+        reply = requests.post(pair.node0.base_url + "/generate", json=body, timeout=60)
+        assert reply.status_code == 503
+        assert pair.node0.proc.wait(timeout=60) == 1
+        assert pair.node1.wait(timeout=60) == 1
+        assert "has not stepped" in pair.node1_log.read_text(errors="replace")
+    finally:
+        pair.close()

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import requests
 from http_server_fixture import ServerProcess, free_port, start_server
-from test_multinode import assert_all_gone, start_worker_node, stop_group
+from test_multinode import assert_all_gone, scheduler_children, start_worker_node, stop_group
 
 pytestmark = pytest.mark.slow
 
@@ -42,15 +42,15 @@ LIGHT = {"num_threads": 1, "log_level": "warning", "max_total_tokens": 32768}
 class DpNodes:
     """Node 1's launcher and node 0's server; both stopped (groups killed) on close."""
 
-    def __init__(self, model_dir: Path, log_dir: Path) -> None:
+    def __init__(self, model_dir: Path, log_dir: Path, extra: tuple[str, ...] = ()) -> None:
         self.dist_addr = f"127.0.0.1:{free_port()}"
         self.node1_log = log_dir / "node1.log"
-        self.node1 = start_worker_node(model_dir, self.node1_log, self.dist_addr, DP2)
+        self.node1 = start_worker_node(model_dir, self.node1_log, self.dist_addr, (*DP2, *extra))
         self.node0: ServerProcess | None = None
         try:
             self.node0 = start_server(model_dir, log_dir / "node0.log", *DP2, "--nnodes", "2",
                                       "--node-rank", "0", "--dist-init-addr", self.dist_addr,
-                                      "--log-level", "info")  # fmt: skip
+                                      "--log-level", "info", *extra)  # fmt: skip
         except BaseException:
             stop_group(self.node1)
             raise
@@ -172,5 +172,28 @@ def test_node1_exits_nonzero_when_node0_goes(tiny_llama_dir, tmp_path):
         assert pair.node1.wait(timeout=30) == 1
         assert "this node stops: node 0: connection dropped" in pair.node1_log_text()
         assert_all_gone(tree1)
+    finally:
+        pair.close()
+
+
+def test_a_frozen_scheduler_on_node1_is_killed_and_both_nodes_exit(tiny_llama_dir, tmp_path):
+    """Node 1 watches its DP group's steps: a frozen (SIGSTOP) scheduler there is killed
+    past --watchdog-timeout, node 1 exits and node 0 fails that rank's requests (they
+    used to hang forever while both nodes kept running)."""
+    pair = DpNodes(tiny_llama_dir, tmp_path, ("--watchdog-timeout", "2"))
+    try:
+        for rank in scheduler_children(pair.node1.pid):
+            rank.send_signal(signal.SIGSTOP)
+        body = {"text": "Hello", "sampling_params": {"max_new_tokens": 4}}
+
+        def ask(_: int) -> int:
+            return requests.post(pair.node0.base_url + "/generate", json=body, timeout=60).status_code
+
+        with ThreadPoolExecutor(2) as pool:  # round robin: one on each rank
+            statuses = sorted(pool.map(ask, range(2)))
+        assert statuses[-1] == 503, statuses
+        assert pair.node1.wait(timeout=60) == 1
+        assert pair.node0.proc.wait(timeout=60) != 0
+        assert "has not stepped" in pair.node1_log_text()
     finally:
         pair.close()

@@ -90,6 +90,9 @@ def _free_port() -> int:
         (["--context-length", "100000"], "context_length"),  # the demo model's is 512
         (["--model-path", "{empty}"], "model_path"),  # a directory without config.json
         (["--tokenizer-path", "/nonexistent/tok"], "tokenizer_path"),
+        # a host that does not resolve: the rendezvous would retry for minutes
+        (["--tp-size", "2", "--nnodes", "2", "--node-rank", "1",
+          "--dist-init-addr", "nonexistent.invalid:41488"], "dist_init_addr"),  # fmt: skip
     ],
 )
 def test_flags_refused_at_resolution_exit_2_with_one_line(tmp_path, argv, field):

@@ -110,9 +110,10 @@ class ChildProcesses:
         while not self._stop.wait(WATCHDOG_POLL_S):
             if self.exited_message() is not None:
                 return
-            self._kill_frozen()
+            self.kill_frozen()
 
-    def _kill_frozen(self) -> None:
+    def kill_frozen(self) -> None:
+        """SIGKILL each watched process frozen past hang_limit_s (None: none is)."""
         if self.hang_limit_s is None:
             return
         for role, proc, clock in self.hang_watches:
@@ -148,11 +149,13 @@ class ChildProcesses:
                 logger.exception("watchdog callback failed")
 
     def wait_until_one_exits(self) -> str:
-        """Block until a child exits (none is expected to); the death message."""
+        """Block until a child exits (none is expected to), killing a frozen one; the
+        death message."""
         while True:
             message = self.exited_message()
             if message is not None:
                 return message
+            self.kill_frozen()
             time.sleep(WATCHDOG_POLL_S)
 
     def exited_message(self) -> str | None:
@@ -484,9 +487,10 @@ def _launch_scheduler_processes(
         rank_args = port_args.for_dp_rank(dp_rank)
         for tp_rank in tp_ranks:
             role = scheduler_role(dp_size, tp_size, dp_rank, tp_rank)
-            args = (server_args, rank_args, tp_rank, clock if tp_rank == 0 else None)
+            watched = tp_rank == tp_ranks[0]  # rank 0, or this node's first of a TP group
+            args = (server_args, rank_args, tp_rank, clock if watched else None)
             readers.append(_spawn_child(ctx, children, role, run_scheduler_process, args, env))
-            if tp_rank == 0:  # its peers block in a collective: rank 0's forward stalls
+            if watched:  # the ranks step together: a frozen one stalls them all
                 children.watch_for_hang(role, readers[-1][1], clock)
     return readers
 
@@ -518,7 +522,10 @@ def run_worker_node(server_args: Any) -> int:
     try:
         if dp_size > 1:  # bound before the schedulers start pushing to its queues
             link = WorkerNodeLink(port_args, dist_init_addr, node_rank, dp_ranks)
-        clocks = [None] * len(dp_ranks)
+        # each DP group's (or the TP group's) first rank here stamps a clock: a frozen
+        # rank, or one blocked in a collective with a lost node, is killed past the limit
+        clocks = [ForwardClock.shared(ctx) for _ in dp_ranks]
+        children.hang_limit_s = hang_limit_s(resolution_result(server_args, "watchdog_timeout"))
         readers = _launch_scheduler_processes(ctx, children, server_args, port_args, clocks)
         ready_timeout_s = envs.SGLANG_CHILD_READY_TIMEOUT.get()
         infos = {
@@ -541,6 +548,7 @@ def _relay_until_stopped(children: ChildProcesses, link: WorkerNodeLink) -> int:
     """Node k > 0 with whole DP groups: relay their queues to and from node 0 until a
     scheduler here exits or node 0 is lost; the exit code (1)."""
     while children.exited_message() is None:
+        children.kill_frozen()
         try:
             link.pump(WATCHDOG_POLL_S)
         except NodeLost as exc:

@@ -57,6 +57,7 @@ from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingTokenize
 from sglang.srt.entrypoints.openapi_bodies import install_body_schemas
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+from sglang.srt.managers.node_link import split_dist_init_addr
 from sglang.srt.observability.metrics import ServerMetrics
 from sglang.srt.parser.chat_template import load_chat_template
 from sglang.srt.utils import freeze_startup_heap
@@ -565,6 +566,18 @@ def _check_address_free(host: str, port: int) -> None:
         raise ValueError(f"host/port: cannot listen on {host}:{port}: {exc}") from None
 
 
+def _check_host_resolves(dist_init_addr: str | None) -> None:
+    """ValueError naming --dist-init-addr when its host does not resolve: the
+    rendezvous would otherwise retry for minutes before failing."""
+    if not dist_init_addr:
+        return
+    host = split_dist_init_addr(dist_init_addr)[0].strip("[]")
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError as exc:
+        raise ValueError(f"dist_init_addr={dist_init_addr!r}: cannot resolve {host!r}: {exc}") from None
+
+
 def _run_event_loop(main: Any) -> int:
     try:
         import uvloop
@@ -605,6 +618,7 @@ def launch_server(server_args: Any, placement_group: Any = None) -> int:
     from sglang.srt.entrypoints.engine import _launch_subprocesses, run_worker_node
     from sglang.srt.server_args import resolution_result
 
+    _check_host_resolves(resolution_result(server_args, "dist_init_addr"))
     node_rank = int(resolution_result(server_args, "node_rank"))
     if node_rank > 0:
         nnodes = resolution_result(server_args, "nnodes")
