@@ -145,6 +145,25 @@ def test_which_runs_keep_half_weights(
     assert half_weight_dtype(ModelConfig(str(tmp_path), dtype=compute), device) == expected
 
 
+@pytest.mark.parametrize("stored,expected", [(torch.bfloat16, torch.bfloat16),
+                                             (torch.float32, None)])  # fmt: skip
+def test_the_stored_tensors_decide_not_the_config(tmp_path, stored, expected):
+    """A config.json that says bfloat16 over float32 tensors: keeping them in bf16 would
+    round them, so they stay float32 (a .bin checkpoint is not read twice: float32)."""
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                    "hidden_size": 64, "num_attention_heads": 2, "num_hidden_layers": 1,
+                    "intermediate_size": 128, "vocab_size": 100, "dtype": "bfloat16"})
+    )  # fmt: skip
+    weights = tmp_path / "model.safetensors"
+    save_file({"w": torch.zeros(4, 4, dtype=stored), "norm": torch.ones(4)}, str(weights))
+    config = ModelConfig(str(tmp_path), dtype="float32")
+    assert half_weight_dtype(config, "cpu", [weights]) == expected
+    assert half_weight_dtype(config, "cpu", []) is None
+
+
 def test_weights_updated_from_a_float32_checkpoint_are_not_rounded(demo_dir, tmp_path, monkeypatch):
     """update_weights_from_disk builds the new model by the new checkpoint's dtype: float32
     weights stay float32 (storing them bf16 would round them)."""

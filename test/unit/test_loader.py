@@ -201,6 +201,19 @@ def test_missing_and_corrupt_weights_name_the_file(tmp_path):
         get_model(cfg, "cpu", "auto")
 
 
+def test_a_shard_the_index_names_but_missing_is_the_error_given(tmp_path):
+    # auto must not fall back to .bin files and blame their absence
+    _save_hf(tmp_path, _config("llama"), max_shard_size="200KB")
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    shards[-1].unlink()
+    with pytest.raises(FileNotFoundError, match=f"lists missing shard.*{shards[-1].name}"):
+        get_model(ModelConfig(str(tmp_path)), "cpu", "auto")
+    for f in tmp_path.glob("model*.safetensors*"):
+        f.unlink()
+    with pytest.raises(FileNotFoundError, match=r"no weight files \(\*.safetensors, \*.bin"):
+        get_model(ModelConfig(str(tmp_path)), "cpu", "auto")
+
+
 def test_hub_id_offline_gives_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))

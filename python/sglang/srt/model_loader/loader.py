@@ -21,6 +21,7 @@ from sglang.srt.model_loader.weight_utils import (
     pt_files,
     resolve_model_path,
     safetensors_files,
+    stored_matrix_dtypes,
 )
 from sglang.srt.models.registry import ModelRegistry
 
@@ -64,7 +65,13 @@ def get_model(
             f"unsupported load format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}"
         )
     model = build_model(model_config, device, tp_rank, tp_size)
-    weight_dtype = half_weight_dtype(model_config, device)
+    files = None  # dummy weights: no files, the config's dtype stands
+    if load_format != "dummy":
+        path = resolve_model_path(model_path or model_config.model_path)
+        files = checkpoint_files(path, load_format)
+    # what the files store decides (safetensors headers); other files are not read twice
+    stored = None if files is None else (files[0] if files[1] else [])
+    weight_dtype = half_weight_dtype(model_config, device, stored)
     if weight_dtype is not None:
         keep_weights_in(model, weight_dtype)
         logger.info(
@@ -78,26 +85,32 @@ def get_model(
         if load_format == "dummy":
             init_dummy_weights(model)
         else:
-            path = resolve_model_path(model_path or model_config.model_path)
-            model.load_weights(weight_iterator(path, load_format))
+            model.load_weights(iterate_weights(*files))
     if torch.device(device).type == "cpu":
         cpu_kernels.load()  # built (or loaded from the cache) at start-up, not mid-request
         weight_panels.attach(model, model_config.dtype)  # packs only where they are read
     return model
 
 
-def half_weight_dtype(model_config: ModelConfig, device: torch.device | str) -> torch.dtype | None:
+def half_weight_dtype(
+    model_config: ModelConfig, device: torch.device | str, files: list[Path] | None = None
+) -> torch.dtype | None:
     """The half dtype to keep the linear and embedding weights in, or None (the compute
     dtype): on CPU, a bf16/fp16 checkpoint run in float32 keeps its own dtype
     (SGLANG_CPU_HALF_WEIGHTS, default on). Widening bf16/fp16 to float32 is exact, so the
     results are float32's, with half the weight memory and half the bytes a decode step
-    reads (a memory-bound step: Qwen3-0.6B shape, batch 1, see benchmark/RESULTS.md)."""
+    reads (a memory-bound step: Qwen3-0.6B shape, batch 1, see benchmark/RESULTS.md).
+    With the checkpoint's safetensors `files`, their matrices must all be stored in that
+    dtype (a config.json may claim bf16 over float32 tensors: rounding them would change
+    the results); `[]` (.bin/.pt files, not read twice): no half weights."""
     if torch.device(device).type != "cpu" or model_config.dtype != torch.float32:
         return None
     raw = model_config.raw
     name = raw.get("dtype") or raw.get("torch_dtype")
     checkpoint_dtype = getattr(torch, name, None) if isinstance(name, str) else None
     if checkpoint_dtype not in HALF_WEIGHT_DTYPES or not envs.SGLANG_CPU_HALF_WEIGHTS.get():
+        return None
+    if files is not None and stored_matrix_dtypes(files) != {checkpoint_dtype}:
         return None
     return checkpoint_dtype
 
@@ -120,15 +133,25 @@ def place_on_huge_pages(model: nn.Module) -> None:
             param.data = huge_pages.empty(param.shape, param.dtype)
 
 
-def weight_iterator(model_dir: Path, load_format: str = "auto"):
-    """(name, tensor) pairs of a checkpoint directory; auto prefers safetensors."""
+def checkpoint_files(model_dir: Path, load_format: str = "auto") -> tuple[list[Path], bool]:
+    """(weight files, whether they are safetensors) of a checkpoint directory; auto
+    prefers safetensors, and falls back to .bin/.pt only where there are none (an
+    index naming a missing shard is that error, not a fallback)."""
     if load_format in ("auto", "safetensors"):
         try:
-            return iterate_weights(safetensors_files(model_dir), use_safetensors=True)
+            return safetensors_files(model_dir), True
         except FileNotFoundError:
-            if load_format == "safetensors":
+            indexed = (model_dir / "model.safetensors.index.json").is_file()
+            if load_format == "safetensors" or indexed:
                 raise
-    return iterate_weights(pt_files(model_dir), use_safetensors=False)
+    try:
+        return pt_files(model_dir), False
+    except FileNotFoundError:
+        if load_format == "auto":
+            raise FileNotFoundError(
+                f"no weight files (*.safetensors, *.bin, *.pt) in {model_dir}"
+            ) from None
+        raise
 
 
 def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:

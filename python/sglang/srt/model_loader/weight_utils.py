@@ -122,6 +122,25 @@ def _model_weight_files(model_dir: Path, canonical: str, patterns: list[str]) ->
     return [f for f in files if not any(f.match(skip) for skip in _NOT_MODEL_WEIGHTS)]
 
 
+_SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+
+
+def stored_matrix_dtypes(files: list[Path]) -> set[Any]:
+    """The torch dtypes the safetensors `files` store their matrices (2-D and up) in,
+    read from the headers alone (8 bytes of length, then JSON)."""
+    import torch
+
+    dtypes = set()
+    for path in files:
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, info in header.items():
+            if name != "__metadata__" and len(info.get("shape", ())) >= 2:
+                dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
+                dtypes.add(getattr(torch, dtype) if dtype else info.get("dtype"))
+    return dtypes
+
+
 def iterate_weights(files: list[Path], use_safetensors: bool) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, CPU tensor) for every tensor in `files`, lazily; a progress bar over many files."""
     import torch
