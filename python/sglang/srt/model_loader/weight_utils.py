@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # resolve_model_path runs in the launcher, which does not import torch
     import torch
