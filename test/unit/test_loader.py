@@ -62,10 +62,12 @@ def _config(kind: str):
         return MistralConfig(**SMALL, sliding_window=None)
     if kind == "qwen2_tied":
         return Qwen2Config(**SMALL, tie_word_embeddings=True)
+    if kind == "llama_partial_rotary":  # transformers' Llama rope rotates every dim anyway
+        return LlamaConfig(**SMALL, partial_rotary_factor=0.5)
     return LlamaConfig(**SMALL, tie_word_embeddings=kind == "llama_tied")
 
 
-@pytest.mark.parametrize("kind", ["mistral", "llama_tied", "qwen2_tied"])
+@pytest.mark.parametrize("kind", ["mistral", "llama_tied", "qwen2_tied", "llama_partial_rotary"])
 def test_config_variants_match_hf(tmp_path, kind):
     hf = _save_hf(tmp_path, _config(kind))
     ours = _our_last_logits(tmp_path)

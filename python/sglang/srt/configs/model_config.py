@@ -154,9 +154,12 @@ class ModelConfig:
             if scaling["rope_type"] == "default":
                 scaling = None
         self.rope_scaling: dict[str, Any] | None = scaling
-        self.partial_rotary_factor: float = float(
-            raw.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0
-        )
+        partial = raw.get("partial_rotary_factor") or params.get("partial_rotary_factor")
+        if partial is not None and float(partial) != 1.0:
+            logger.warning(
+                "partial_rotary_factor=%s in config.json is ignored: %s rotates every head "
+                "dimension, as transformers does", partial, self.architecture,
+            )  # fmt: skip
 
     def get_num_kv_heads(self, tp_size: int) -> int:
         """KV heads held by one TP rank (replicated when there are fewer than ranks)."""

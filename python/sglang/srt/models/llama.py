@@ -155,12 +155,13 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, tp: dict[str, int]) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, **tp)
+        # every head dim rotates: transformers' Llama-family rope reads no
+        # partial_rotary_factor (ModelConfig warns when a config.json sets one)
         self.rotary_emb = get_rope(
             config.head_dim,
             config.max_position_embeddings,
             config.rope_theta,
             config.rope_scaling,
-            config.partial_rotary_factor,
             cache_len=config.context_len,
         )
         self.layers = nn.ModuleList(
