@@ -74,6 +74,23 @@ def test_config_variants_match_hf(tmp_path, kind):
     torch.testing.assert_close(ours, hf_logits(hf, PROMPT)[-1], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("differs", [True, False])
+def test_a_tied_config_with_a_stored_lm_head(tmp_path, differs):
+    """transformers unties a stored lm_head that differs from the embeddings (and warns);
+    one equal to them stays tied: ours must give HF's logits either way."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    _save_hf(tmp_path, _config("llama_tied"))
+    state = load_file(str(tmp_path / "model.safetensors"))
+    embed = state["model.embed_tokens.weight"]
+    state["lm_head.weight"] = embed * 1.5 + 0.01 if differs else embed.clone()
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ours = _our_last_logits(tmp_path)
+    torch.testing.assert_close(ours, hf_logits(hf, PROMPT)[-1], atol=1e-4, rtol=0)
+
+
 def test_sharded_checkpoint_loads(tmp_path):
     hf = _save_hf(tmp_path, _config("llama"), max_shard_size="200KB")
     assert (tmp_path / "model.safetensors.index.json").is_file()

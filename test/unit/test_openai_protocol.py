@@ -233,3 +233,26 @@ def test_fanout_freed_without_the_cycle_collector(max_tokens):
     finally:
         gc.enable()
     assert answers == ["ok"] if max_tokens > 0 else "max_new_tokens" in answers[0], answers
+
+
+def test_unset_sampling_fields_are_left_to_the_model_defaults():
+    """Only the fields a request set go to the runtime; the TokenizerManager fills the
+    rest from --sampling-defaults (the model's generation_config.json or the API's)."""
+    from sglang.srt.entrypoints.openai.protocol import CompletionRequest
+    from sglang.srt.entrypoints.openai.sampling import sampling_params
+    from sglang.srt.managers.tokenizer_manager import _model_sampling_defaults, _with_defaults
+
+    bare = sampling_params(CompletionRequest(model="m", prompt="a"), 4)
+    assert not {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"} & set(bare)
+    given = CompletionRequest(model="m", prompt="a", top_k=5, temperature=0.2)
+    assert sampling_params(given, 4)["top_k"] == 5
+    model = {"temperature": 0.6, "top_k": 20}
+    assert _with_defaults({"top_k": 5, "temperature": None}, model) == {"temperature": 0.6,
+                                                                       "top_k": 5}  # fmt: skip
+
+    class Config:
+        vocab_size = 100
+        sampling_defaults = {"temperature": 0.6, "top_p": 7.0}  # top_p 7: not usable
+
+    assert _model_sampling_defaults(Config, "model") == {"temperature": 0.6}
+    assert _model_sampling_defaults(Config, "openai") == {}

@@ -9,6 +9,7 @@ from sglang.srt.parser.function_call.parser import TOOL_CALL_PARSER_NAMES
 from sglang.srt.parser.reasoning_parser import REASONING_PARSER_NAMES
 
 DETOKENIZER_MODES = ("auto", "process", "inline")
+SAMPLING_DEFAULTS = ("model", "openai")
 
 
 @dataclass(kw_only=True)
@@ -45,6 +46,14 @@ class ServingArgs:
         "A prompt longer than the context (or the KV pool) keeps its first tokens that fit, "
         "and max_new_tokens shrinks to the room left, instead of a 400; each cut is logged "
         "and usage counts the tokens kept.",
+    )
+    sampling_defaults: str = arg(
+        "model",
+        "What a request's unset sampling fields default to: the model's "
+        "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
+        "as SGLang and vLLM do), or the API's (openai: temperature 1, top_p 1, no top_k, "
+        "min_p or repetition penalty).",
+        choices=SAMPLING_DEFAULTS,
     )
     detokenizer_mode: str = arg(
         "auto",

@@ -79,6 +79,7 @@ class ModelConfig:
         context = _context_len(self.raw, context_length, longer_context_ok)
         self.context_len = _cap_to_sliding_window(self.raw, context)
         self.eos_token_ids = _eos_token_ids(Path(self.model_path), self.raw)
+        self.sampling_defaults = _sampling_defaults(Path(self.model_path))
 
     @classmethod
     def from_server_args(cls) -> ModelConfig:
@@ -259,6 +260,20 @@ def _cap_to_sliding_window(raw: dict[str, Any], context_len: int) -> int:
             "%d to the window, %d tokens", raw.get("model_type"), context_len, capped,
         )  # fmt: skip
     return capped
+
+
+# generation_config.json fields a request's unset sampling fields default to (SGLang's
+# and vLLM's list)
+SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def _sampling_defaults(model_dir: Path) -> dict[str, Any]:
+    """The sampling fields the model's generation_config.json recommends."""
+    gen_path = model_dir / "generation_config.json"
+    if not gen_path.is_file():
+        return {}
+    gen = _read_json(gen_path)
+    return {k: gen[k] for k in SAMPLING_DEFAULT_FIELDS if gen.get(k) is not None}
 
 
 def _eos_token_ids(model_dir: Path, raw: dict[str, Any]) -> set[int]:

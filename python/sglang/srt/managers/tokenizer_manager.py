@@ -233,7 +233,12 @@ class TokenizerManager(TokenizerEmbeddingMixin):
 
         self.log_requests = bool(get_observability().log_requests)
         self.allow_auto_truncate = bool(get_serving().allow_auto_truncate)
+        self.sampling_defaults = _model_sampling_defaults(
+            self.model_config, get_serving().sampling_defaults
+        )
         self._base_config = dict(self.server_args.resolved_dict())
+        # what --sampling-defaults resolved to: the values unset fields take (readback)
+        self._base_config["default_sampling_params"] = dict(self.sampling_defaults)
         # every DP rank answers a control request (the controller sends it to all)
         self.num_dp_ranks = int(self._base_config.get("dp_size", 1))
 
@@ -410,7 +415,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
     def _tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
         check_request_fields(obj, self.model_config.vocab_size)
         input_ids = self._input_ids(obj)
-        params = _sampling_params(obj.sampling_params, self.model_config.vocab_size)
+        given = _with_defaults(obj.sampling_params, self.sampling_defaults)
+        params = _sampling_params(given, self.model_config.vocab_size)
         if params.n != 1:
             raise ValueError("n > 1 must be expanded into n requests by the caller")
         params.normalize(self.tokenizer)
@@ -873,6 +879,32 @@ def check_request_fields(obj: GenerateReqInput, vocab_size: int) -> None:
             f"and a cap of {MAX_TOP_LOGPROBS_NUM})",
             "top_logprobs_num",
         )
+
+
+def _model_sampling_defaults(model_config: Any, source: str) -> dict[str, Any]:
+    """The sampling fields a request leaves unset default to (--sampling-defaults)."""
+    defaults = {}
+    for name, value in (model_config.sampling_defaults if source == "model" else {}).items():
+        try:  # a value the API would refuse must not fail every request that omits it
+            _sampling_params({name: value}, model_config.vocab_size)
+        except (InvalidParamError, TypeError, ValueError) as exc:
+            logger.warning("generation_config.json %s=%r is not used: %s", name, value, exc)
+            continue
+        defaults[name] = value
+    if defaults:
+        shown = ", ".join(f"{k}={v}" for k, v in defaults.items())
+        logger.info("sampling defaults from the model's generation_config.json: %s "
+                    "(--sampling-defaults openai for the API's)", shown)  # fmt: skip
+    return defaults
+
+
+def _with_defaults(given: dict[str, Any] | None, defaults: dict[str, Any]) -> Any:
+    """A request's sampling fields over the defaults (a null takes the default too)."""
+    if not defaults or not isinstance(given, (dict, type(None))):
+        return given  # a malformed value is refused by _sampling_params, as it is
+    merged = dict(defaults)
+    merged.update((k, v) for k, v in (given or {}).items() if v is not None or k not in defaults)
+    return merged
 
 
 def _sampling_params(params: Any, vocab_size: int) -> SamplingParams:

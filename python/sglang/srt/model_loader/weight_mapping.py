@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
+
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+
+logger = logging.getLogger(__name__)
 
 # tensors a checkpoint may carry that no parameter corresponds to
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
@@ -42,8 +47,12 @@ def load_stacked_weights(
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     shards: dict[str, set[Any]] = {}  # fused parameter -> the parts loaded into it
+    tied_head: torch.Tensor | None = None  # a tied model's lm_head tensor, if one is stored
     for name, tensor in weights:
-        if name.endswith(_IGNORED_SUFFIXES) or (tied_embeddings and name == "lm_head.weight"):
+        if tied_embeddings and name == "lm_head.weight":
+            tied_head = tensor
+            continue
+        if name.endswith(_IGNORED_SUFFIXES):
             continue
         mapped = _map_expert_name(name, expert_params_mapping or {})
         param_name, shard_id = mapped or _map_name(name, stacked_params_mapping)
@@ -58,6 +67,8 @@ def load_stacked_weights(
         loaded.add(param_name)
         if shard_id is not None:
             shards.setdefault(param_name, set()).add(shard_id)
+    if tied_head is not None:
+        _untie_if_different(model, tied_head)
     missing = sorted(set(params) - loaded - set(optional))
     missing += _missing_parts(
         shards, stacked_params_mapping, expert_params_mapping or {}, num_experts
@@ -68,6 +79,24 @@ def load_stacked_weights(
             + (" ..." if len(missing) > 8 else "")
         )
     return loaded
+
+
+def _untie_if_different(model: nn.Module, head: torch.Tensor) -> None:
+    """A config with tie_word_embeddings whose checkpoint stores an lm_head that differs
+    from the embeddings: the stored head is used, as transformers (5) does ("both are
+    present with different values, so we will NOT tie them"). The same values: tied."""
+    tied = model.lm_head  # the embedding module itself
+    shard = head[tied.vocab_start : tied.vocab_end].to(tied.weight.dtype)
+    if torch.equal(tied.weight.data[: shard.shape[0]], shard):
+        return
+    untied = ParallelLMHead(tied.num_embeddings, tied.weight.shape[1],
+                            tp_rank=tied.tp_rank, tp_size=tied.tp_size)  # fmt: skip
+    untied.weight.data = torch.empty_like(tied.weight)
+    untied.compute_dtype = tied.compute_dtype
+    untied.weight_loader(untied.weight, head)
+    model.lm_head = untied
+    logger.warning("tie_word_embeddings is set but the checkpoint's lm_head differs from its "
+                   "embeddings: the lm_head is used, untied (as transformers does)")  # fmt: skip
 
 
 def _missing_parts(

@@ -11,8 +11,6 @@ from sglang.srt.entrypoints.openai.protocol import ResponseFormat, SamplingField
 from sglang.srt.sampling.param_types import SEED_RANGE, InvalidParamError
 from sglang.srt.sampling.sampling_params import SamplingParams
 
-DEFAULT_TEMPERATURE = 1.0
-
 
 def constraint_params(request: SamplingFields) -> dict[str, str]:
     """The native constraint field (json_schema / regex / ebnf / structural_tag) the
@@ -103,16 +101,19 @@ def check_choice_params(params: dict[str, Any], vocab_size: int | None) -> None:
 
 def sampling_params(request: SamplingFields, max_new_tokens: int | None) -> dict[str, Any]:
     """The per-choice sampling dict (n = 1: the serving layer fans out choices)."""
+    # the fields a model's generation_config.json may set defaults for go only when the
+    # request set them (--sampling-defaults: the TokenizerManager fills in the rest)
+    given = request.model_fields_set
     params: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
         "min_new_tokens": request.min_tokens,
-        "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-        "top_p": 1.0 if request.top_p is None else request.top_p,
-        "top_k": request.top_k,
-        "min_p": request.min_p,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k if "top_k" in given else None,
+        "min_p": request.min_p if "min_p" in given else None,
         "presence_penalty": request.presence_penalty,
         "frequency_penalty": request.frequency_penalty,
-        "repetition_penalty": request.repetition_penalty,
+        "repetition_penalty": request.repetition_penalty if "repetition_penalty" in given else None,
         "stop": request.stop,
         "stop_token_ids": request.stop_token_ids,
         "ignore_eos": request.ignore_eos,
