@@ -28,6 +28,7 @@ from sglang.srt.layers.sampler import Sampler
 from sglang.srt.managers.scheduler_parts import grammar as grammar_part
 from sglang.srt.managers.scheduler_parts.grammar import SchedulerGrammarMixin
 from sglang.srt.parser.function_call import tool_call_schema
+from sglang.srt.parser.function_call.strict_calls import strict_tools_tag
 from sglang.srt.runtime_context import get_exec, publish
 from sglang.srt.sampling.param_types import InvalidParamError
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -110,6 +111,27 @@ def test_forced_tool_calls_keep_the_tools_definitions(backend, tokenizer, seed):
     for call in calls:
         expected = tools[0 if call["name"] == "go" else 1]["function"]["parameters"]
         jsonschema.validate(call["parameters"], expected)  # the tool's own schema
+
+
+def _accepts(backend, tokenizer, key: GrammarKey, text: str) -> bool:
+    grammar = backend.new_grammar(backend.compile(key))
+    return all(grammar.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_a_strict_tools_tag_holds_a_started_call_to_its_schema(backend, tokenizer):
+    params = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": params}}]
+    key = GrammarKey("structural_tag", json.dumps(strict_tools_tag(tools, "qwen25")))
+    assert _accepts(backend, tokenizer, key, "Sure, no tool needed here.")  # text is free
+    assert _accepts(backend, tokenizer, key, 'Ok <tool_call>\n{"name": "f", "arguments": {"n": 3}}')
+    assert not _accepts(backend, tokenizer, key, '<tool_call>\n{"name": "f", "arguments": {"n": "x"')
+    assert not _accepts(backend, tokenizer, key, '<tool_call>\n{"name": "g"')
+    unenforceable = [{"type": "function", "function": {"name": "f", "strict": True,
+                      "parameters": {"type": "array", "uniqueItems": True}}}]  # fmt: skip
+    with pytest.raises(InvalidGrammarError, match="uniqueItems"):
+        backend.compile(GrammarKey("structural_tag",
+                                   json.dumps(strict_tools_tag(unenforceable, "qwen25"))))  # fmt: skip
 
 
 @pytest.mark.parametrize("length", [{"maxLength": 6}, {"minLength": 1}, {}])

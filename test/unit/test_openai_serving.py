@@ -851,3 +851,9 @@ def test_sglang_fields_this_server_lacks_are_refused_not_ignored(client, field, 
         assert not error["message"].startswith(f"{field}: Value error")
     assert client.post("/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 2,
                                                 "priority": None}).status_code == 200  # fmt: skip
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_chat_refuses_zero_tokens_under_either_name(client, field):
+    # a chat turn has nothing to score without output (completions' echo does)
+    assert_error(client.post("/v1/chat/completions", json=chat_body(**{field: 0})), 400, field)

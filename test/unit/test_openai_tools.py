@@ -306,6 +306,24 @@ def test_required_puts_the_call_schema_into_the_sampling_params(serve):
     assert json.loads(params["json_schema"]) == tool_call_schema(TOOLS, "required")
 
 
+def test_strict_tools_under_auto_hold_calls_to_their_schemas(serve):
+    # OpenAI's strict mode: a call the model starts follows its tool's schema; the
+    # parser's call format is fixed around the arguments (SGLang and vLLM do the same)
+    tm = make_tm("no call", tool_call_parser="qwen25")
+    client = serve(tm)
+    strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+    assert chat(client, tools=[strict, TIME], tool_choice="auto").status_code == 200
+    tag = json.loads(tm.requests[-1].sampling_params["structural_tag"])
+    assert tag["triggers"] == ["<tool_call>"]
+    assert [s["schema"] for s in tag["structures"]] == [WEATHER["function"]["parameters"],
+                                                       {"type": "object"}]  # fmt: skip
+    assert tag["structures"][0]["begin"] == '<tool_call>\n{"name": "get_weather", "arguments": '
+    for request in ({"tools": TOOLS}, {"tools": [strict], "tool_choice": "none"},
+                    {"tools": [strict], "response_format": {"type": "json_object"}}):  # fmt: skip
+        assert chat(client, **request).status_code == 200
+        assert "structural_tag" not in tm.requests[-1].sampling_params, request
+
+
 def test_required_non_stream_returns_valid_calls(serve):
     client = serve(make_tm(REQUIRED_OUT))
     choice = chat(client, tools=TOOLS, tool_choice="required").json()["choices"][0]

@@ -101,6 +101,13 @@ class XGrammarBackend(GrammarBackend):
         or xgrammar's own structural-tag JSON ({"type": "structural_tag", "format": ...})."""
         spec = json.loads(text)
         if isinstance(spec, dict) and "structures" in spec:
+            for structure in spec["structures"]:  # the json_schema rule, for each schema
+                reason = unsupported_feature(structure.get("schema"))
+                if reason is not None:
+                    raise InvalidGrammarError(
+                        f"the JSON schema of {structure['begin']!r} cannot be enforced: {reason}",
+                        STRUCTURAL_TAG,
+                    )
             tags = [
                 xgr.StructuralTagItem(
                     begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"]

@@ -36,6 +36,7 @@ from sglang.srt.parser.function_call import (
     tool_call_schema,
 )
 from sglang.srt.parser.function_call.core_types import ToolCallItem
+from sglang.srt.parser.function_call.strict_calls import strict_tools_tag
 from sglang.srt.parser.reasoning_parser import ReasoningParser, reasoning_format
 
 ToolMode = Literal["none", "auto", "constrained"]
@@ -244,6 +245,15 @@ def call_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
     if isinstance(choice, dict) or not request.parallel_tool_calls:
         schema = {**schema, "maxItems": 1}  # a named function is called once, as in SGLang
     return schema
+
+
+def strict_calls_tag(request: ChatCompletionRequest, parser_name: str | None) -> dict | None:
+    """Under "auto", the structural tag that holds the calls of `strict: true` tools to
+    their schemas (strict_calls.py), else None. An explicit response_format / grammar
+    is the request's constraint instead (docs/api.md)."""
+    if tool_mode(request) != "auto" or not request.tools or has_own_grammar(request):
+        return None
+    return strict_tools_tag(tool_dicts(request), parser_name)
 
 
 def template_tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | None:

@@ -335,6 +335,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     model_config = ConfigDict(extra="ignore")
     messages: list[ChatMessage] = Field(min_length=1)
+    # a chat turn has no prompt to score (no echo): at least one token, as OpenAI and vLLM
+    max_tokens: strict(int, ge=1) | None = None
     max_completion_tokens: strict(int, ge=1) | None = None
     logprobs: Flag = False
     top_logprobs: strict(int, ge=0, le=MAX_OPENAI_TOP_LOGPROBS) | None = None

@@ -65,6 +65,8 @@ def openai_param(request: SamplingFields, native_path: str) -> str:
         return "response_format"
     if name == "json_schema" and _calls_constrained(request):  # the calls' schema
         return "tools"
+    if name == "structural_tag":  # not response_format's: strict tools' (chat "auto")
+        return "tools"
     if name in ("text", "input_ids"):  # the prompt the route built them from
         return "messages" if hasattr(request, "messages") else "prompt"
     return _OPENAI_NAMES.get(name, name)

@@ -4,7 +4,9 @@ Tools and reasoning: the parsers in effect are the TokenizerManager's (a flag, o
 detected from the chat template at launch); `chat_outputs` reads each choice's
 text into reasoning_content, content and tool_calls. `tool_choice` "required" or a
 named function puts the calls' JSON schema into the sampling params
-(`json_schema`), so the grammar backend enforces well-formed calls.
+(`json_schema`), so the grammar backend enforces well-formed calls; under "auto",
+`strict: true` tools hold the calls the model starts to their schemas
+(`structural_tag`, strict_calls.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sglang.srt.entrypoints.openai.chat_outputs import (
     call_schema,
     check_tools,
     plan_output,
+    strict_calls_tag,
     template_tools,
 )
 from sglang.srt.entrypoints.openai.errors import APIError
@@ -78,6 +81,9 @@ class OpenAIServingChat(OpenAIServingBase):
         schema = call_schema(request)
         if schema is not None:
             params = {**params, "json_schema": json.dumps(schema)}
+        tag = strict_calls_tag(request, self.tokenizer_manager.config_value("tool_call_parser"))
+        if tag is not None:
+            params = {**params, "structural_tag": json.dumps(tag)}
         request_id = new_request_id("chatcmpl")
         choices = plan_choices(request_id, request.rid, params, 1, request.n)
         objs = [self._generate_input(request, input_ids, p, rid) for _, p, rid in choices]

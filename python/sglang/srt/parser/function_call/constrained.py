@@ -23,11 +23,11 @@ def check_tool_choice(tools: list[dict] | None, tool_choice: ToolChoice) -> None
     if tool_choice is None or tool_choice in ("none", "auto"):
         return
     if tool_choice == "required":
-        if not _functions(tools):
+        if not tool_functions(tools):
             raise ValueError('tool_choice "required" needs at least one tool in "tools"')
         return
     name = _named_function(tool_choice)
-    if name not in {f["name"] for f in _functions(tools)}:
+    if name not in {f["name"] for f in tool_functions(tools)}:
         raise ValueError(f'tool_choice names function {name!r}, which is not in "tools"')
 
 
@@ -36,7 +36,7 @@ def tool_call_schema(tools: list[dict] | None, tool_choice: ToolChoice) -> dict 
     check_tool_choice(tools, tool_choice)
     if tool_choice is None or tool_choice in ("none", "auto"):
         return None
-    functions = _functions(tools)
+    functions = tool_functions(tools)
     if tool_choice != "required":
         name = _named_function(tool_choice)
         functions = [f for f in functions if f["name"] == name]
@@ -120,7 +120,7 @@ def _rebase_refs(node: Any, base: str) -> Any:
     return rebased
 
 
-def _functions(tools: list[dict] | None) -> list[dict]:
+def tool_functions(tools: list[dict] | None) -> list[dict]:
     functions = []
     for tool in tools or ():
         function = tool.get("function") if isinstance(tool, dict) else None
