@@ -846,9 +846,12 @@ def test_an_integer_past_64_bits_is_named_out_of_range(client):
 def test_sglang_fields_this_server_lacks_are_refused_not_ignored(client, field, value):
     # /generate refuses them as unknown fields; the OpenAI routes must not drop them
     for route, body in (("/v1/chat/completions", chat_body(max_tokens=2)),
-                        ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 2})):  # fmt: skip
+                        ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 2}),
+                        ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 2}})):  # fmt: skip
         error = assert_error(client.post(route, json={**body, field: value}), 400, field)
         assert not error["message"].startswith(f"{field}: Value error")
+        assert "unknown field" not in error["message"]  # it says what is not supported
+        assert client.post(route, json={**body, field: None}).status_code == 200
     assert client.post("/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 2,
                                                 "priority": None}).status_code == 200  # fmt: skip
 

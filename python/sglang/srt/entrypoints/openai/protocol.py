@@ -87,7 +87,25 @@ _UNSUPPORTED_SGLANG_FIELDS = {
 }
 
 
-class SamplingFields(BaseModel):
+class UnsupportedSGLangFields(BaseModel):
+    """SGLang's request fields this server does not implement: refused naming the
+    field on every route (/generate too), never ignored; a null or false is fine."""
+
+    priority: Any = None
+    lora_path: Any = None
+    return_hidden_states: Any = None
+    custom_logit_processor: Any = None
+    session_params: Any = None
+
+    @field_validator(*_UNSUPPORTED_SGLANG_FIELDS)
+    @classmethod
+    def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and value is not False:
+            raise ValueError(_UNSUPPORTED_SGLANG_FIELDS[info.field_name])
+        return value
+
+
+class SamplingFields(UnsupportedSGLangFields):
     """Sampling fields common to chat and completions, including SGLang's extras.
 
     Each field's type and range comes from `sampling.param_types`, the definition
@@ -121,19 +139,6 @@ class SamplingFields(BaseModel):
     json_schema: GrammarText | None = None
     ebnf: GrammarText | None = None
     response_format: ResponseFormat | None = None
-    # SGLang's request fields this server does not implement: refused, never ignored
-    priority: Any = None
-    lora_path: Any = None
-    return_hidden_states: Any = None
-    custom_logit_processor: Any = None
-    session_params: Any = None
-
-    @field_validator(*_UNSUPPORTED_SGLANG_FIELDS)
-    @classmethod
-    def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None and value is not False:
-            raise ValueError(_UNSUPPORTED_SGLANG_FIELDS[info.field_name])
-        return value
 
     @field_validator("stream_options")
     @classmethod

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
+from sglang.srt.entrypoints.openai.protocol import UnsupportedSGLangFields
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_STATUS,
     mark_samples,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from sglang.srt.observability.metrics import ServerMetrics
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(UnsupportedSGLangFields):
     """The body of `/generate`; `sampling_params` is the shared native definition."""
 
     model_config = ConfigDict(extra="forbid")
