@@ -247,6 +247,10 @@ def test_bad_input_raises_value_error(engine):
             engine.generate(PROMPT, {"max_new_tokens": 2, **bad})
     with pytest.raises(ValueError, match="top_logprobs_num"):
         engine.generate(PROMPT, greedy(2), return_logprob=True, top_logprobs_num=10**6)
+    # a start past the prompt scores nothing: refused, as SGLang does (-1 asks for none)
+    with pytest.raises(ValueError, match=r"logprob_start_len \(50\) must be below"):
+        engine.generate(input_ids=[20] * 10, sampling_params=greedy(2), return_logprob=True,
+                        logprob_start_len=50)  # fmt: skip
 
 
 def test_bad_seeds_and_token_ids_with_n_name_their_field(engine):

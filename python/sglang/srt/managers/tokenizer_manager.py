@@ -436,6 +436,12 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             if params.max_new_tokens is not None:
                 params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
         prompt_param = "input_ids" if obj.input_ids is not None else "text"
+        if obj.return_logprob and obj.logprob_start_len >= len(input_ids):  # as SGLang
+            raise InvalidParamError(
+                f"logprob_start_len ({obj.logprob_start_len}) must be below the number of "
+                f"input tokens ({len(input_ids)}); -1 asks for no input logprobs",
+                "logprob_start_len",
+            )
         self._check_length(len(input_ids), params.max_new_tokens, prompt_param)
         self._fit_kv_pool(len(input_ids), params)
         return TokenizedGenerateReqInput(
