@@ -204,6 +204,11 @@ def test_request_model_is_strict():
         EmbeddingRequest.model_validate({"model": "m", "input": "a", "dimensions": "3"})
     ok = EmbeddingRequest.model_validate({"model": "m", "input": [1, 2], "user": "u"})
     assert ok.encoding_format == "float" and ok.dimensions is None
+    # SGLang's EmbeddingRequest has priority and lora_path: refused here, never ignored
+    for field in ("priority", "lora_path"):
+        with pytest.raises(ValidationError, match="not"):
+            EmbeddingRequest.model_validate({"model": "m", "input": "a", field: 1})
+        EmbeddingRequest.model_validate({"model": "m", "input": "a", field: None})
 
 
 def test_encode_vector_float_passthrough_and_base64():

@@ -440,7 +440,7 @@ EmbeddingInput = Union[
 ]
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(UnsupportedSGLangFields):
     model_config = ConfigDict(extra="ignore")
     model: strict(str)
     input: EmbeddingInput
