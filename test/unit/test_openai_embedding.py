@@ -205,10 +205,10 @@ def test_request_model_is_strict():
     ok = EmbeddingRequest.model_validate({"model": "m", "input": [1, 2], "user": "u"})
     assert ok.encoding_format == "float" and ok.dimensions is None
     # SGLang's EmbeddingRequest has priority and lora_path: refused here, never ignored
-    for field in ("priority", "lora_path"):
+    for name in ("priority", "lora_path"):
         with pytest.raises(ValidationError, match="not"):
-            EmbeddingRequest.model_validate({"model": "m", "input": "a", field: 1})
-        EmbeddingRequest.model_validate({"model": "m", "input": "a", field: None})
+            EmbeddingRequest.model_validate({"model": "m", "input": "a", name: 1})
+        EmbeddingRequest.model_validate({"model": "m", "input": "a", name: None})
 
 
 def test_encode_vector_float_passthrough_and_base64():
