@@ -198,6 +198,11 @@ def test_json_constraints_must_be_json_and_exclusive():
     with pytest.raises(InvalidParamError, match="mutually exclusive") as info:
         SamplingParams.from_dict({"regex": "a", "ebnf": 'root ::= "a"'}).verify()
     assert info.value.param == "ebnf"
+    for kind in ("json_schema", "structural_tag"):  # `null` parsed is no "too deep"
+        with pytest.raises(InvalidParamError, match=f"{kind} must be a JSON object"):
+            SamplingParams.from_dict({kind: "null"}).verify()
+    with pytest.raises(InvalidParamError, match="nests more than"):
+        SamplingParams.from_dict({"json_schema": "[" * 5000 + "]" * 5000}).verify()
     assert key_of(SamplingParams.from_dict({"regex": "a+"})) == GrammarKey("regex", "a+")
     assert key_of(SamplingParams.from_dict({})) is None
 

@@ -153,16 +153,19 @@ class SamplingParams(SamplingParamsSpec):
             text = getattr(self, name)
             if text is None:
                 continue
+            too_deep = InvalidParamError(
+                f"{name} nests more than {MAX_GRAMMAR_JSON_DEPTH} levels deep", name
+            )
             try:
                 value = json.loads(text)
-            except RecursionError:
-                value = None  # nested past Python's recursion limit: too deep, below
+            except RecursionError:  # nested past Python's recursion limit
+                raise too_deep from None
             except ValueError as exc:
                 raise InvalidParamError(f"{name} is not valid JSON: {exc}", name) from None
-            if value is None or json_depth(value) > MAX_GRAMMAR_JSON_DEPTH:
-                raise InvalidParamError(
-                    f"{name} nests more than {MAX_GRAMMAR_JSON_DEPTH} levels deep", name
-                )
+            if not isinstance(value, (dict, bool)):  # JSON Schema: an object or a boolean
+                raise InvalidParamError(f"{name} must be a JSON object", name)
+            if json_depth(value) > MAX_GRAMMAR_JSON_DEPTH:
+                raise too_deep
 
     def normalize(self, tokenizer=None) -> None:
         """Turn `stop` into `stop_strs` and `stop_token_ids` into a set."""
