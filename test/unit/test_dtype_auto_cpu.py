@@ -117,3 +117,17 @@ def test_kv_dtype_is_declared_by_dtype_auto_and_explicit_float32_keeps_float32(
     sa = prepare_server_args(["--model-path", path, "--device", "cpu", "--dtype", "float32"])
     sa.resolve_once()
     assert resolution_result(sa, "kv_cache_dtype") == "auto"
+
+
+@pytest.mark.parametrize("alias,dtype", [("half", "float16"), ("float", "float32")])
+def test_a_dtype_alias_resolves_to_the_dtype_that_runs(tmp_path, alias, dtype):
+    """/server_info shows the resolution: float16, not the alias the operator typed."""
+    from sglang.srt.arg_groups.overrides import resolution_result, stash_of
+    from sglang.srt.server_args import prepare_server_args
+
+    sa = prepare_server_args(["--model-path", _checkpoint(tmp_path, "float32"), "--device",
+                              "cpu", "--dtype", alias])  # fmt: skip
+    sa.resolve_once()
+    assert sa.dtype == alias  # the record keeps what was typed
+    assert resolution_result(sa, "dtype") == dtype
+    assert stash_of(sa).sources_of("dtype") == ["dtype_alias"]

@@ -138,7 +138,13 @@ def _config_dtype(config: dict[str, Any] | None) -> str:
     return str(dtype).replace("torch.", "")
 
 
+# the dtype names torch's aliases stand for: the resolution shows the dtype that runs
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+
+
 def resolve_dtype(c: Any) -> Resolved:
+    if c.dtype in DTYPE_ALIASES:
+        return "dtype_alias", {"dtype": DTYPE_ALIASES[c.dtype]}
     if c.dtype != "auto":
         return None
     dtype = _config_dtype(read_hf_config(c.model_path))
