@@ -92,6 +92,12 @@ def stop_window_start(ids: Sequence[int], window: int, silent: Container[int]) -
     return start
 
 
+def stop_window(ids: Sequence[int], stop_strs: Sequence[str], silent: Container[int]) -> list[int]:
+    """The last tokens of `ids` whose decode holds any stop the last token completed
+    (stop_window_tokens of them, not counting the `silent` ones)."""
+    return list(ids[stop_window_start(ids, stop_window_tokens(stop_strs), silent) :])
+
+
 def silent_token_ids(tokenizer: Any) -> frozenset[int]:
     """The special tokens a skip_special_tokens decode turns into no text (the
     added tokens marked special too: `all_special_ids` leaves out e.g. <|im_start|>)."""
@@ -299,7 +305,7 @@ class IncrementalDetokenizer:
             return self._decode_many([ids], [state.params])[0]
 
         silent = self.silent_ids if state.params.skip_special_tokens else ()
-        tail = state.ids[stop_window_start(state.ids, stop_window_tokens([stop]), silent) :]
+        tail = stop_window(state.ids, [stop], silent)
         offset = len(state.text) - len(decode(tail))  # the window ends text
         hit = find_stop(state.text, [stop], offset + last_token_start(decode, tail, len(tail)))
         if hit is None:  # the window decoded apart from the whole text: the last one

@@ -10,8 +10,7 @@ from sglang.srt.layers.sampler import NO_ALLOWED_TOKEN
 from sglang.srt.managers.detokenizer_manager import (
     find_stop,
     last_token_start,
-    stop_window_start,
-    stop_window_tokens,
+    stop_window,
     trim_incomplete_utf8,
 )
 from sglang.srt.managers.fault_injection import is_fatal
@@ -175,7 +174,7 @@ class SchedulerResultsMixin:
         must end in the last token (an earlier one was let pass)."""
         params = req.sampling_params
         silent = self.silent_token_ids if params.skip_special_tokens else ()
-        start = stop_window_start(req.output_ids, stop_window_tokens(params.stop_strs), silent)
+        tail = stop_window(req.output_ids, params.stop_strs, silent)
 
         def decode(ids: list[int]) -> str:
             return self.tokenizer.decode(
@@ -184,7 +183,6 @@ class SchedulerResultsMixin:
                 spaces_between_special_tokens=params.spaces_between_special_tokens,
             )
 
-        tail = req.output_ids[start:]
         ends_after = 0
         if params.min_new_tokens and len(req.output_ids) - params.min_new_tokens < len(tail):
             ends_after = last_token_start(decode, tail, len(tail))
