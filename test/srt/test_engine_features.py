@@ -185,6 +185,48 @@ def test_logprobs(engine):
     assert meta["input_token_logprobs"][0][0] is None
 
 
+def test_token_ids_logprob_matches_hf(engine, tiny_llama_dir):
+    # SGLang's token_ids_logprob: the logprobs of chosen ids at every prompt and output
+    # position, as log_softmax of HF's logits there (an id may repeat; order kept)
+    from sglang.test.hf_reference import hf_logits, load_hf_model
+
+    prompt_ids = [(29 * i) % 3000 + 40 for i in range(14)]
+    asked = [7, 2999, 123, 7]
+    out = engine.generate(input_ids=prompt_ids, sampling_params=greedy(5), return_logprob=True,
+                          token_ids_logprob=asked, logprob_start_len=3)  # fmt: skip
+    meta = out["meta_info"]
+    assert len(meta["input_token_ids_logprobs"]) == len(prompt_ids) - 3
+    assert len(meta["output_token_ids_logprobs"]) == 5
+    assert meta["output_top_logprobs"] == []  # top_logprobs_num 0: no top lists
+    full = prompt_ids + out["output_ids"]
+    reference = torch.log_softmax(hf_logits(load_hf_model(str(tiny_llama_dir)), full), dim=-1)
+    positions = meta["input_token_ids_logprobs"] + meta["output_token_ids_logprobs"]
+    for position, entries in enumerate(positions, start=3):
+        assert [t for _, t, _ in entries] == asked
+        expected = reference[position - 1, asked].tolist()
+        assert [v for v, _, _ in entries] == pytest.approx(expected, abs=1e-4)
+
+
+def test_token_ids_logprob_per_prompt_and_bad_values(engine):
+    outs = engine.generate([PROMPT, PROMPT], greedy(2), return_logprob=True,
+                           token_ids_logprob=[[5], [6, 8]])  # fmt: skip
+    assert [[[t for _, t, _ in e] for e in o["meta_info"]["output_token_ids_logprobs"]]
+            for o in outs] == [[[5], [5]], [[6, 8], [6, 8]]]  # fmt: skip
+    # one flat list is every prompt's; the ids' text comes with return_text_in_logprobs
+    outs = engine.generate([PROMPT, PROMPT], greedy(1), return_logprob=True,
+                           token_ids_logprob=[5], return_text_in_logprobs=True)  # fmt: skip
+    for out in outs:
+        [[(_, token, text)]] = out["meta_info"]["output_token_ids_logprobs"]
+        assert token == 5 and text == engine.tokenizer_manager.tokenizer.decode([5])
+    with pytest.raises(ValueError, match="token_ids_logprob.*return_logprob"):
+        engine.generate(PROMPT, greedy(1), token_ids_logprob=[5])
+    with pytest.raises(ValueError, match="token_ids_logprob: token id 1000000 is outside"):
+        engine.generate(PROMPT, greedy(1), return_logprob=True, token_ids_logprob=[10**6])
+    with pytest.raises(ValueError, match="token_ids_logprob: got 3 entries for 2 prompts"):
+        engine.generate([PROMPT, PROMPT], greedy(1), return_logprob=True,
+                        token_ids_logprob=[[1], [2], [3]])  # fmt: skip
+
+
 def test_logprob_options_per_prompt(engine):
     # as SGLang's Engine: return_logprob / top_logprobs_num / logprob_start_len may be
     # a list, one per prompt
@@ -206,7 +248,8 @@ def test_prompt_logprobs_across_chunk_boundaries(engine, tiny_llama_dir, logprob
 
     prompt_ids = [(37 * i) % 4000 + 20 for i in range(45)]  # 6 chunks of 8 (the last 5)
     kwargs = dict(input_ids=prompt_ids, sampling_params=greedy(2), return_logprob=True,
-                  top_logprobs_num=2, logprob_start_len=logprob_start_len)  # fmt: skip
+                  top_logprobs_num=2, token_ids_logprob=[3, 500],
+                  logprob_start_len=logprob_start_len)  # fmt: skip
     whole = engine.generate(**kwargs)["meta_info"]
     chunked_engine = sgl.Engine(
         model_path=str(tiny_llama_dir), num_threads=1, log_level="warning",
@@ -228,6 +271,11 @@ def test_prompt_logprobs_across_chunk_boundaries(engine, tiny_llama_dir, logprob
     tops = [[[t for _, t, _ in top or []] for top in m["input_top_logprobs"][first_scored:]]
             for m in (whole, chunked)]  # fmt: skip
     assert tops[0] == tops[1]
+    # the asked ids' logprobs too, the continuation chunks' first positions included
+    asked = [[[v for v, _, _ in e] for e in m["input_token_ids_logprobs"][first_scored:]]
+             for m in (whole, chunked)]  # fmt: skip
+    assert len(asked[1]) == expected_len - first_scored
+    assert sum(asked[1], []) == pytest.approx(sum(asked[0], []), abs=1e-3)
     assert [t for _, t, _ in chunked["output_token_logprobs"]] == [
         t for _, t, _ in whole["output_token_logprobs"]
     ]

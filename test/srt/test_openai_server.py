@@ -106,14 +106,15 @@ def test_streamed_logprobs_grow_as_prefixes_of_the_final_ones(server, tokenizer)
     between chunks): every chunk's lists are prefixes of the last one's, which equal the
     non-streamed answer's; each entry's text is its token's."""
     body = {"text": "def add(a, b):", "return_logprob": True, "top_logprobs_num": 3,
-            "return_text_in_logprobs": True, "logprob_start_len": 0,
+            "token_ids_logprob": [5, 9], "return_text_in_logprobs": True, "logprob_start_len": 0,
             "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}  # fmt: skip
     plain = requests.post(server.base_url + "/generate", json=body, timeout=60).json()["meta_info"]
     with requests.post(server.base_url + "/generate", json={**body, "stream": True},
                        stream=True, timeout=60) as r:  # fmt: skip
         metas = [json.loads(line[6:])["meta_info"] for line in r.iter_lines()
                  if line.startswith(b"data: {")]  # fmt: skip
-    keys = ["output_token_logprobs", "output_top_logprobs", "input_token_logprobs"]
+    keys = ["output_token_logprobs", "output_top_logprobs", "input_token_logprobs",
+            "output_token_ids_logprobs"]  # fmt: skip
     final = metas[-1]
     assert len(metas) > 1 and len(final["output_token_logprobs"]) == 24
     for meta in metas:
@@ -125,6 +126,36 @@ def test_streamed_logprobs_grow_as_prefixes_of_the_final_ones(server, tokenizer)
         assert [e[0] for e in got] == pytest.approx([e[0] for e in want], abs=1e-4, nan_ok=True)
     for _logprob, token_id, text in final["output_token_logprobs"]:
         assert text == tokenizer.decode([token_id])
+
+
+def test_generate_token_ids_logprob_batch_and_errors(server):
+    """/generate's token_ids_logprob: one list per prompt of a batch; the asked id's
+    logprob is its top-1 entry's when greedy picks it. Bad values are 400s naming it."""
+    url = server.base_url + "/generate"
+    params = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
+    plain = requests.post(url, json={"text": ["a b", "c d"], "sampling_params": params},
+                          timeout=60).json()  # fmt: skip
+    chosen = [o["output_ids"] for o in plain]
+    body = {"text": ["a b", "c d"], "sampling_params": params, "return_logprob": True,
+            "top_logprobs_num": 1, "token_ids_logprob": [[chosen[0][0]], [chosen[1][0], 3]]}  # fmt: skip
+    outs = requests.post(url, json=body, timeout=60).json()
+    for out, first in zip(outs, chosen):
+        meta = out["meta_info"]
+        assert out["output_ids"] == first
+        asked = meta["output_token_ids_logprobs"][0]
+        assert asked[0][1] == first[0]
+        assert asked[0][0] == pytest.approx(meta["output_top_logprobs"][0][0][0], abs=1e-5)
+    assert [len(e) for e in outs[1]["meta_info"]["output_token_ids_logprobs"]] == [2, 2, 2]
+    for bad, message in [
+        ({"token_ids_logprob": [[1]]}, "1 lists for 2 prompts"),
+        ({"token_ids_logprob": [8192]}, "outside the vocabulary"),
+        ({"token_ids_logprob": [1], "return_logprob": False}, "with return_logprob"),
+        ({"token_ids_logprob": ["x"]}, "token_ids_logprob"),
+    ]:
+        r = requests.post(url, json={**body, **bad}, timeout=60)
+        assert r.status_code == 400, (bad, r.text)
+        error = r.json()["error"]
+        assert message in error["message"] and "token_ids_logprob" in (error["param"] or ""), error
 
 
 def _entries(items: list) -> list:

@@ -151,12 +151,20 @@ def test_stops_logprobs_and_n_with_speculation(engine, reference):
     first = full["output_ids"].index(stop_at)
     assert stopped["output_ids"] == full["output_ids"][: first + 1]
     # logprobs of every kept token, matching a plain run's
+    asked = sorted(set(full["output_ids"][:16]))
     with_lp = engine.generate(text, {**GREEDY, "max_new_tokens": 16}, return_logprob=True,
-                              top_logprobs_num=2)  # fmt: skip
+                              top_logprobs_num=2, token_ids_logprob=asked)  # fmt: skip
     lps = with_lp["meta_info"]["output_token_logprobs"]
     assert [t for _, t, _ in lps] == full["output_ids"][:16]
     assert all(lp <= 0.0 for lp, _, _ in lps)
     assert len(with_lp["meta_info"]["output_top_logprobs"]) == 16
+    # the asked ids' logprobs at every kept position, drafted or not: the chosen token's
+    # entry is its logprob
+    by_position = with_lp["meta_info"]["output_token_ids_logprobs"]
+    assert len(by_position) == 16
+    for (chosen_lp, chosen, _), entries in zip(lps, by_position):
+        assert [t for _, t, _ in entries] == asked
+        assert dict((t, v) for v, t, _ in entries)[chosen] == pytest.approx(chosen_lp, abs=1e-5)
     # n > 1 with sampling: each sample well formed, reproducible across runs is not
     # required (drafting changes the random stream), the count and lengths are
     samples = engine.generate(text, {"max_new_tokens": 12, "temperature": 0.8, "n": 3,

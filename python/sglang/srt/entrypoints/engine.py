@@ -62,6 +62,8 @@ class RequestOptions(TypedDict, total=False):
 
     return_logprob: bool | list[bool]
     top_logprobs_num: int | list[int]
+    # token ids whose logprobs every position lists: one list for all prompts, or one each
+    token_ids_logprob: list[int] | list[list[int]]
     logprob_start_len: int | list[int]
     return_text_in_logprobs: bool
     rid: Any
@@ -894,8 +896,10 @@ class _LoopStream:
 _GROWING_META = (
     "output_token_logprobs",
     "output_top_logprobs",
+    "output_token_ids_logprobs",
     "input_token_logprobs",
     "input_top_logprobs",
+    "input_token_ids_logprobs",
 )
 
 
@@ -937,8 +941,8 @@ def _build_requests(
 
     items, is_list = _prompt_items(prompt, input_ids)
     params = [_split_samples(sp) for sp in _per_prompt(sampling_params, len(items))]
-    # return_logprob, top_logprobs_num, logprob_start_len: one value, or one per prompt
-    per_prompt = {name: _per_prompt(value, len(items), name) for name, value in options.items()}
+    # return_logprob, top_logprobs_num, ...: one value, or one per prompt
+    per_prompt = {name: _option_per_prompt(name, value, len(items)) for name, value in options.items()}
     rids = _sample_rids(rid, [n for _, n in params])
     reqs: list[GenerateReqInput] = []
     for i, (item, (sp, n)) in enumerate(zip(items, params)):
@@ -1023,6 +1027,14 @@ def _plain_ids(value: Any) -> Any:
     if all(type(v) is int for v in value):
         return list(value)
     return [_plain_ids(v) for v in value]
+
+
+def _option_per_prompt(name: str, value: Any, count: int) -> list[Any]:
+    """A generate option's value for each prompt; token_ids_logprob is itself a list,
+    so only a list of lists gives one per prompt."""
+    if name == "token_ids_logprob" and not (value and isinstance(value[0], list)):
+        return [value] * count
+    return _per_prompt(value, count, name)
 
 
 def _per_prompt(value: Any, count: int, name: str | None = None) -> list[Any]:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.linear import linear
+from sglang.srt.layers.listed_logprobs import listed
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -30,6 +31,7 @@ class LogitsProcessorOutput:
     next_token_logits: torch.Tensor  # float32[bs, vocab]; [num_tokens, vocab] for all logits
     # per request: one entry per chunk position in [start, extend_len)
     input_token_logprobs: list[list[float | None]] | None = None
+    # ... and their listed logprobs (listed_logprobs.py: the k best, then the asked ids')
     input_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
 
 
@@ -94,16 +96,16 @@ def _input_logprobs(out: LogitsProcessorOutput, logits_fn: LogitsFn, fb: Forward
     bs = fb.batch_size
     token_lp: list[list[float | None]] = [[] for _ in range(bs)]
     top_lp: list[list[list[tuple[float, int]]]] = [[] for _ in range(bs)]
-    top_nums = fb.top_logprobs_nums or [0] * bs
+    asks = list(zip(fb.top_logprobs_nums or [0] * bs, fb.logprob_token_ids or [None] * bs))
     # rows per logits slice, so one slice holds at most _LOGPROB_CHUNK_ELEMENTS logits
     step = max(1, _LOGPROB_CHUNK_ELEMENTS // out.next_token_logits.shape[-1])
     offset = 0
     for r, ext in enumerate(fb.extend_seq_lens_cpu):
         start = min(fb.extend_input_logprob_start_lens[r], ext)
         if start < ext:
-            values, tops = _segment_logprobs(logits_fn, fb, offset, start, ext, top_nums[r], step)
+            values, tops = _segment_logprobs(logits_fn, fb, offset, start, ext, asks[r], step)
             if start == 0:  # chunk position 0 is predicted by the previous chunk
-                head_value, head_top = _carried_head(fb, r, int(fb.input_ids[offset]), top_nums[r])
+                head_value, head_top = _carried_head(fb, r, int(fb.input_ids[offset]), asks[r])
                 values, tops = [head_value, *values], [head_top, *tops]
             token_lp[r], top_lp[r] = values, tops
             _store_carry(
@@ -122,10 +124,11 @@ def _segment_logprobs(
     offset: int,
     start: int,
     ext: int,
-    top_num: int,
+    ask: tuple[int, list[int] | None],
     step: int,
 ):
-    """Logprobs of chunk positions max(start, 1) .. ext-1, from the rows before each."""
+    """Logprobs of chunk positions max(start, 1) .. ext-1, from the rows before each,
+    and their listed logprobs; ask = (top k, asked token ids)."""
     first = max(start - 1, 0)
     rows = torch.arange(offset + first, offset + ext - 1, device=fb.input_ids.device)
     targets = fb.input_ids[offset + first + 1 : offset + ext]
@@ -135,12 +138,13 @@ def _segment_logprobs(
         logprobs = torch.log_softmax(logits_fn(rows[i : i + step]), dim=-1)  # [n, vocab]
         picked = logprobs.gather(1, targets[i : i + step].unsqueeze(1)).squeeze(1)
         values.extend(picked.tolist())
-        tops.extend(_topk(logprobs, top_num))
+        tops.extend(listed(logprobs, *ask))
     return values, tops
 
 
-def _carried_head(fb: ForwardBatch, r: int, token_id: int, k: int):
-    """(logprob, top list) of chunk position 0, from the row an earlier forward carried.
+def _carried_head(fb: ForwardBatch, r: int, token_id: int, ask: tuple[int, list[int] | None]):
+    """(logprob, listed logprobs) of chunk position 0, from the row an earlier forward
+    carried.
 
     Carried rows are keyed by the KV slot of the last token they follow; a slot's
     entry is dropped when the slot is written again (ForwardBatch.init_new), so
@@ -155,7 +159,7 @@ def _carried_head(fb: ForwardBatch, r: int, token_id: int, k: int):
     entry = fb.logprob_carry.get(slot)
     if entry is None or entry[0] != prefix_len:
         return None, []
-    return float(entry[1][token_id]), _topk(entry[1].unsqueeze(0), k)[0]
+    return float(entry[1][token_id]), listed(entry[1].unsqueeze(0), *ask)[0]
 
 
 def _store_carry(fb: ForwardBatch, last_token_idx: int, seq_len: int, row: torch.Tensor) -> None:
@@ -166,11 +170,3 @@ def _store_carry(fb: ForwardBatch, last_token_idx: int, seq_len: int, row: torch
     carry[int(fb.out_cache_loc[last_token_idx])] = (seq_len, row.clone())
     while len(carry) > _MAX_CARRIED:
         carry.pop(next(iter(carry)))
-
-
-def _topk(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
-    """[n, vocab] -> n lists of (logprob, token id), best first."""
-    if k <= 0:
-        return [[] for _ in range(logprobs.shape[0])]
-    vals, ids = logprobs.topk(k, dim=-1)
-    return [list(zip(v, i)) for v, i in zip(vals.tolist(), ids.tolist())]

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers import cpu_kernels
+from sglang.srt.layers.listed_logprobs import listed_per_row
 from sglang.srt.sampling.penalties import apply_penalties
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -28,6 +29,7 @@ _TOP_CANDIDATES = 1024  # tokens considered by top-k / top-p / min-p before a fu
 class SampleOutput:
     next_token_ids: torch.Tensor  # int64[bs]
     logprobs: torch.Tensor | None = None  # float32[bs]: of the chosen tokens
+    # per row: its listed logprobs (listed_logprobs.py: the k best, then the asked ids')
     top_logprobs: list[list[tuple[float, int]]] | None = None
 
 
@@ -38,6 +40,7 @@ class Sampler(nn.Module):
         info: SamplingBatchInfo | None,
         return_logprob: bool = False,
         top_logprobs_nums: list[int] | None = None,
+        logprob_token_ids: list[list[int]] | None = None,
     ) -> SampleOutput:
         """logits: float32[bs, vocab] (not modified)."""
         if info is None or (info.is_all_greedy and not info.has_logit_adjustments):
@@ -47,7 +50,7 @@ class Sampler(nn.Module):
             ids = _sample(logits, info)
         if not return_logprob:
             return SampleOutput(ids)
-        return _with_logprobs(ids, logits, top_logprobs_nums)
+        return _with_logprobs(ids, logits, top_logprobs_nums, logprob_token_ids)
 
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
@@ -180,15 +183,12 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _with_logprobs(
-    ids: torch.Tensor, logits: torch.Tensor, top_logprobs_nums: list[int] | None
+    ids: torch.Tensor,
+    logits: torch.Tensor,
+    top_logprobs_nums: list[int] | None,
+    logprob_token_ids: list[list[int]] | None,
 ) -> SampleOutput:
     logprobs = torch.log_softmax(logits, dim=-1)  # [bs, vocab]
     chosen = logprobs.gather(1, ids.clamp(min=0).unsqueeze(1)).squeeze(1)  # NO_ALLOWED_TOKEN
-    nums = top_logprobs_nums or []
-    k = max(nums, default=0)
-    top = [[] for _ in range(ids.shape[0])]
-    if k > 0:
-        vals, tok = logprobs.topk(k, dim=-1)
-        vals_l, tok_l = vals.tolist(), tok.tolist()
-        top = [list(zip(vals_l[r][:n], tok_l[r][:n])) for r, n in enumerate(nums)]
-    return SampleOutput(ids, chosen, top)
+    nums = top_logprobs_nums or [0] * ids.shape[0]
+    return SampleOutput(ids, chosen, listed_per_row(logprobs, nums, logprob_token_ids))

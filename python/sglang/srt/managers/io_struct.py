@@ -39,6 +39,8 @@ class GenerateReqInput:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    # token ids whose logprobs every position reports (SGLang's token_ids_logprob)
+    token_ids_logprob: list[int] | None = None
     # First prompt position whose input logprob is returned; -1 = none.
     logprob_start_len: int = -1
     return_text_in_logprobs: bool = False
@@ -84,6 +86,7 @@ class TokenizedGenerateReqInput:
     sampling_params: Any
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    token_ids_logprob: list[int] | None = None
     logprob_start_len: int = -1
     stream: bool = False
 
@@ -219,6 +222,9 @@ class BatchTokenIDOutput:
     output_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
     input_token_logprobs: list[list[tuple[float | None, int]]] | None = None
     input_top_logprobs: list[list[list[tuple[float, int]] | None]] | None = None
+    # the logprobs of each request's asked token ids (token_ids_logprob), per position
+    output_token_ids_logprobs: list[list[list[tuple[float, int]]]] | None = None
+    input_token_ids_logprobs: list[list[list[tuple[float, int]] | None]] | None = None
     # embedding servers: each finished request's pooled vector (float32 values, L2-normalised)
     embeddings: list[list[float] | None] | None = None
 
@@ -249,6 +255,9 @@ class BatchStrOutput:
     output_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
     input_token_logprobs: list[list[tuple[float | None, int]]] | None = None
     input_top_logprobs: list[list[list[tuple[float, int]] | None]] | None = None
+    # the logprobs of each request's asked token ids (token_ids_logprob), per position
+    output_token_ids_logprobs: list[list[list[tuple[float, int]]]] | None = None
+    input_token_ids_logprobs: list[list[list[tuple[float, int]] | None]] | None = None
     embeddings: list[list[float] | None] | None = None
 
     @classmethod

@@ -56,6 +56,7 @@ class Req:
         *,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        logprob_token_ids: list[int] | None = None,
         logprob_start_len: int = -1,
         stream: bool = False,
     ) -> None:
@@ -65,6 +66,8 @@ class Req:
         self.sampling_params = sampling_params
         self.return_logprob = return_logprob
         self.top_logprobs_num = top_logprobs_num
+        # token ids whose logprobs every position lists (SGLang's token_ids_logprob)
+        self.logprob_token_ids = logprob_token_ids or []
         self.logprob_start_len = logprob_start_len
         self.stream = stream
         max_new = sampling_params.max_new_tokens
@@ -130,6 +133,11 @@ class Req:
             or p.repetition_penalty != 1.0
         )
 
+    def lists_logprobs(self) -> bool:
+        """Whether each position lists logprobs beyond its own token's (the k best, or
+        asked token ids)."""
+        return bool(self.top_logprobs_num or self.logprob_token_ids)
+
     def wants_input_logprobs(self) -> bool:
         return self.return_logprob and self.logprob_start_len >= 0 and not self.output_ids
 
@@ -154,7 +162,17 @@ class LogprobState:
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    # the logprobs of the asked token ids (token_ids_logprob), per position
+    output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_ids_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     input_sent: bool = False
+
+
+def logprob_token_ids(reqs: list[Req]) -> list[list[int]] | None:
+    """Each request's asked token ids ([] = none), for a batch's ModelWorkerBatch; None
+    when no request asks (the model side then lists the k best only)."""
+    asked = [r.logprob_token_ids if r.return_logprob else [] for r in reqs]
+    return asked if any(asked) else None
 
 
 # ----------------------------------------------------------------------------
@@ -203,6 +221,7 @@ class PrefillBatch:
             extend_prefix_lens=list(self.prefix_lens),
             return_logprob=any(r.return_logprob for r in reqs),
             top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
+            logprob_token_ids=logprob_token_ids(reqs),
             extend_input_logprob_start_lens=[
                 _input_logprob_start(r, p) for r, p in zip(reqs, self.prefix_lens)
             ],
@@ -325,4 +344,5 @@ class RunningBatch:
             sampling_info=sampling_info,
             return_logprob=return_logprob,
             top_logprobs_nums=[r.top_logprobs_num for r in reqs] if return_logprob else None,
+            logprob_token_ids=logprob_token_ids(reqs),
         )

@@ -56,6 +56,7 @@ from sglang.srt.sampling.param_types import (
     Flag,
     InvalidParamError,
     LogprobStartLen,
+    LogprobTokenIds,
     RequestId,
     TopLogprobsNum,
     first_error,
@@ -64,6 +65,16 @@ from sglang.srt.sampling.param_types import (
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+# The logprob lists a BatchStrOutput adds to, per request, and ReqState keeps
+_LOGPROB_LISTS = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+    "output_token_ids_logprobs",
+    "input_token_logprobs",
+    "input_top_logprobs",
+    "input_token_ids_logprobs",
+)
 
 INLINE_TOKENIZE_CHARS = 16_384  # longer texts are tokenized off the event loop
 # An abandoned request's rid is held until the scheduler's finish for it arrives (ms);
@@ -168,6 +179,8 @@ class ReqState:
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[Any] = field(default_factory=list)
+    output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_ids_logprobs: list[Any] = field(default_factory=list)
     error: str | None = None
     embedding: list[float] | None = None  # embedding requests: the pooled vector
     reported: ReportedLogprobs | None = None  # with return_logprob, made on first output
@@ -187,6 +200,8 @@ class ReportedLogprobs:
     output_tops: list[list[tuple]] = field(default_factory=list)
     input_tokens: list[tuple] = field(default_factory=list)
     input_tops: list[list[tuple] | None] = field(default_factory=list)
+    output_ids: list[list[tuple]] = field(default_factory=list)  # token_ids_logprob's
+    input_ids: list[list[tuple] | None] = field(default_factory=list)
 
 
 class TokenizerManager(TokenizerEmbeddingMixin):
@@ -451,6 +466,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             sampling_params=params,
             return_logprob=obj.return_logprob,
             top_logprobs_num=obj.top_logprobs_num,
+            token_ids_logprob=list(obj.token_ids_logprob or ()),
             logprob_start_len=obj.logprob_start_len,
             stream=obj.stream,
         )
@@ -642,6 +658,13 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         meta["input_top_logprobs"] = _caught_up(
             shown.input_tops, state.input_top_logprobs, lambda top: many(top) if top else None
         )
+        if state.obj.token_ids_logprob:  # SGLang's keys, there only when asked
+            meta["output_token_ids_logprobs"] = _caught_up(
+                shown.output_ids, state.output_token_ids_logprobs, many
+            )
+            meta["input_token_ids_logprobs"] = _caught_up(
+                shown.input_ids, state.input_token_ids_logprobs, lambda ids: many(ids) if ids else None
+            )
 
     def _triple(self, pair: tuple[Any, int], with_text: bool) -> tuple:
         """(logprob, token id) -> (reported logprob, token id, its text or None)."""
@@ -736,10 +759,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
 
     @staticmethod
     def _absorb_logprobs(state: ReqState, msg: BatchStrOutput, i: int) -> None:
-        state.output_token_logprobs.extend(msg.output_token_logprobs[i])
-        state.output_top_logprobs.extend(msg.output_top_logprobs[i])
-        state.input_token_logprobs.extend(msg.input_token_logprobs[i])
-        state.input_top_logprobs.extend(msg.input_top_logprobs[i])
+        for name in _LOGPROB_LISTS:
+            getattr(state, name).extend(getattr(msg, name)[i])
 
     def _resolve_control(self, msg: Any) -> None:
         """A reply goes to the oldest waiter of its type that lacks its DP rank's: each
@@ -867,12 +888,13 @@ class RequestFieldsSpec(BaseModel):
     return_text_in_logprobs: Flag
     rid: RequestId
     top_logprobs_num: TopLogprobsNum
+    token_ids_logprob: LogprobTokenIds | None
     logprob_start_len: LogprobStartLen
 
 
 def check_request_fields(obj: GenerateReqInput, vocab_size: int) -> None:
-    """Types and ranges of GenerateReqInput's own fields; top_logprobs_num also
-    within the vocabulary."""
+    """Types and ranges of GenerateReqInput's own fields; top_logprobs_num and
+    token_ids_logprob also within the vocabulary."""
     fields = {name: getattr(obj, name) for name in RequestFieldsSpec.model_fields}
     try:
         RequestFieldsSpec.model_validate(fields)
@@ -884,6 +906,23 @@ def check_request_fields(obj: GenerateReqInput, vocab_size: int) -> None:
             f"top_logprobs_num must be an integer in [0, {top_cap}] (the vocabulary size "
             f"and a cap of {MAX_TOP_LOGPROBS_NUM})",
             "top_logprobs_num",
+        )
+    _check_token_ids_logprob(obj, vocab_size)
+
+
+def _check_token_ids_logprob(obj: GenerateReqInput, vocab_size: int) -> None:
+    asked = obj.token_ids_logprob
+    if not asked:
+        return
+    if not obj.return_logprob:
+        raise InvalidParamError(
+            "token_ids_logprob lists logprobs only with return_logprob: true", "token_ids_logprob"
+        )
+    if max(asked) >= vocab_size:
+        raise InvalidParamError(
+            f"token_ids_logprob: token id {max(asked)} is outside the vocabulary "
+            f"(size {vocab_size})",
+            "token_ids_logprob",
         )
 
 

@@ -126,9 +126,9 @@ class TpModelWorker:
         logits = self.model_runner.forward(forward_batch).next_token_logits
         if row_mask is not None:
             row_mask.apply(logits)
-        top_nums = batch.top_logprobs_nums if batch.return_logprob else None
+        asks = (batch.top_logprobs_nums, batch.logprob_token_ids) if batch.return_logprob else None
         return verify(
-            logits, batch.sampling_info, drafts, draft_probs, self.model_runner.sampler, top_nums
+            logits, batch.sampling_info, drafts, draft_probs, self.model_runner.sampler, asks
         )
 
     @torch.inference_mode()

@@ -55,6 +55,8 @@ class ModelWorkerBatch:
     extend_prefix_lens: list[int] | None = None  # EXTEND only: cached tokens per request
     return_logprob: bool = False
     top_logprobs_nums: list[int] | None = None  # per request; 0 = none
+    # per request: token ids whose logprobs it asks for ([] = none); None: no request asks
+    logprob_token_ids: list[list[int]] | None = None
     # EXTEND only, per request: first chunk position whose input logprob is
     # wanted; == extend_seq_len means none.
     extend_input_logprob_start_lens: list[int] | None = None
@@ -111,6 +113,7 @@ class ForwardBatch:
     attn_backend: AttentionBackend | None = None
     return_logprob: bool = False
     top_logprobs_nums: list[int] | None = None
+    logprob_token_ids: list[list[int]] | None = None
     extend_input_logprob_start_lens: list[int] | None = None
     sampling_info: SamplingBatchInfo | None = None
     return_all_logits: bool = False
@@ -139,6 +142,7 @@ class ForwardBatch:
             attn_backend=runner.attn_backend,
             return_logprob=batch.return_logprob,
             top_logprobs_nums=batch.top_logprobs_nums,
+            logprob_token_ids=batch.logprob_token_ids,
             extend_input_logprob_start_lens=batch.extend_input_logprob_start_lens,
             sampling_info=batch.sampling_info,
             return_all_logits=batch.return_all_logits,

@@ -325,6 +325,7 @@ class ModelRunner:
             forward_batch.sampling_info,
             forward_batch.return_logprob,
             forward_batch.top_logprobs_nums,
+            forward_batch.logprob_token_ids,
         )
 
     def update_weights_from_disk(self, model_path: str, load_format: str | None = None) -> None:

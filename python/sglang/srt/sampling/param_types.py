@@ -23,6 +23,7 @@ MAX_OPENAI_TOP_LOGPROBS = 20  # OpenAI `logprobs` / `top_logprobs`, as the OpenA
 MAX_STOP_STRS = 64  # stop strings per request
 MAX_STOP_STR_CHARS = 1024  # characters per stop string
 MAX_STOP_TOKEN_IDS = 1024
+MAX_TOKEN_IDS_LOGPROB = 1024  # native `token_ids_logprob` (ids listed at every position)
 MAX_LOGIT_BIAS_ENTRIES = 1024
 LOGIT_BIAS_LIMIT = 100.0  # |bias| <= 100, as OpenAI
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
@@ -85,6 +86,7 @@ GrammarText = strict(str)
 RequestId = strict(str, min_length=1)
 TopLogprobsNum = strict(int, ge=0, le=MAX_TOP_LOGPROBS_NUM)  # also <= the vocabulary
 LogprobStartLen = strict(int, ge=-1)
+LogprobTokenIds = Annotated[list[NonNegInt], Field(max_length=MAX_TOKEN_IDS_LOGPROB)]
 
 
 _NUM_SAMPLES = TypeAdapter(NumSamples)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.srt.layers.listed_logprobs import listed
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.speculative.verify import (
@@ -33,6 +34,7 @@ class VerifyOutput:
     accepted: list[list[int]]
     # per request, per accepted token (when some request asked for logprobs)
     logprobs: list[list[float]] | None = None
+    # ... and their listed logprobs (listed_logprobs.py)
     top_logprobs: list[list[list[tuple[float, int]]]] | None = None
 
 
@@ -42,14 +44,16 @@ def verify(
     drafts: list[list[int]],
     draft_probs: torch.Tensor | None,
     sampler: Sampler,
-    top_logprobs_nums: list[int] | None,
+    logprob_asks: tuple[list[int], list[list[int]] | None] | None,
 ) -> VerifyOutput:
-    """logits: float32 [sum(k_i + 1), vocab]; draft_probs: [sum(k_i), vocab] or None."""
+    """logits: float32 [sum(k_i + 1), vocab]; draft_probs: [sum(k_i), vocab] or None;
+    logprob_asks: (top_logprobs_nums, logprob_token_ids) when some request asked for
+    logprobs."""
     lens = torch.tensor([len(d) + 1 for d in drafts])
     starts = (lens.cumsum(0) - lens).tolist()
     last_rows = (lens.cumsum(0) - 1).to(logits.device)
-    want_logprobs = top_logprobs_nums is not None
-    plain = sampler(logits.index_select(0, last_rows), info, want_logprobs, top_logprobs_nums)
+    want_logprobs = logprob_asks is not None
+    plain = sampler(logits.index_select(0, last_rows), info, want_logprobs, *(logprob_asks or ()))
     accepted: list[list[int]] = [[t] for t in plain.next_token_ids.tolist()]
     drafting = [i for i, d in enumerate(drafts) if d]
     greedy = info.greedy_mask.tolist()
@@ -61,7 +65,7 @@ def verify(
         _verify_sampled_group(logits, info, drafts, draft_probs, groups[1], rows_of, accepted)
     out = VerifyOutput(accepted)
     if want_logprobs:
-        _attach_logprobs(out, logits, plain, drafts, drafting, rows_of, top_logprobs_nums)
+        _attach_logprobs(out, logits, plain, drafts, drafting, rows_of, logprob_asks)
     return out
 
 
@@ -99,7 +103,7 @@ def _draft_rows(drafts: list[list[int]], reqs: list[int], device) -> torch.Tenso
     return torch.tensor([starts[i] + j for i in reqs for j in range(len(drafts[i]))], device=device)
 
 
-def _attach_logprobs(out, logits, plain, drafts, drafting, rows_of, top_nums) -> None:
+def _attach_logprobs(out, logits, plain, drafts, drafting, rows_of, asks) -> None:
     """Logprobs of every kept token: the plain sampler's for k = 0 rows, else log_softmax of
     the verify rows (drafting requests carry no logit adjustments)."""
     out.logprobs = [[v] for v in plain.logprobs.tolist()]
@@ -108,11 +112,6 @@ def _attach_logprobs(out, logits, plain, drafts, drafting, rows_of, top_nums) ->
         rows = torch.tensor(rows_of[i], device=logits.device)
         sub = logits.index_select(0, rows)
         out.logprobs[i] = accepted_logprobs(sub, [drafts[i]], [out.accepted[i]])[0]
-        out.top_logprobs[i] = _top(sub[: len(out.accepted[i])], top_nums[i])
-
-
-def _top(logits: torch.Tensor, num: int) -> list[list[tuple[float, int]]]:
-    if num <= 0:
-        return [[] for _ in range(logits.shape[0])]
-    values, ids = torch.log_softmax(logits, dim=-1).topk(num, dim=-1)
-    return [list(zip(v, t)) for v, t in zip(values.tolist(), ids.tolist())]
+        top_nums, token_ids = asks
+        kept = torch.log_softmax(sub[: len(out.accepted[i])], dim=-1)
+        out.top_logprobs[i] = listed(kept, top_nums[i], token_ids[i] if token_ids else None)

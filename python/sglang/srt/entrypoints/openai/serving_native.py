@@ -30,6 +30,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.sampling.param_types import (
     Flag,
     LogprobStartLen,
+    LogprobTokenIds,
     NonNegInt,
     RequestId,
     TopLogprobsNum,
@@ -53,6 +54,8 @@ class GenerateRequest(UnsupportedSGLangFields):
     stream: Flag = False
     return_logprob: Flag = False
     top_logprobs_num: TopLogprobsNum = 0
+    # one list for every prompt, or one per prompt (a batch), as SGLang's
+    token_ids_logprob: Union[LogprobTokenIds, list[LogprobTokenIds], None] = None
     logprob_start_len: LogprobStartLen = -1
     return_text_in_logprobs: Flag = False
 
@@ -104,6 +107,19 @@ class GenerateRequest(UnsupportedSGLangFields):
             )
         return [_set_fields(p) for p in given]
 
+    def token_ids_per_prompt(self, num_prompts: int) -> list[list[int] | None]:
+        asked = self.token_ids_logprob
+        if not (asked and isinstance(asked[0], list)):
+            return [asked] * num_prompts
+        if len(asked) != num_prompts:
+            raise APIError(
+                f"token_ids_logprob has {len(asked)} lists for {num_prompts} prompts; give "
+                "one list for all, or one per prompt",
+                param="token_ids_logprob",
+                code="invalid_value",
+            )
+        return list(asked)
+
 
 def _set_fields(params: SamplingParamsSpec | None) -> dict[str, Any]:
     if params is None:
@@ -125,12 +141,17 @@ def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
         request_id, request.rid, request.params_dicts(len(prompts)), len(prompts), n,
         prompt_param,
     )  # fmt: skip
-    objs = [_one_input(request, prompts[i], p, rid) for i, p, rid in choices]
+    asked_ids = request.token_ids_per_prompt(len(prompts))
+    objs = [_one_input(request, prompts[i], p, rid, asked_ids[i]) for i, p, rid in choices]
     return mark_samples(objs, request_id, request.rid)
 
 
 def _one_input(
-    request: GenerateRequest, prompt: str | list[int], params: dict[str, Any], rid: str
+    request: GenerateRequest,
+    prompt: str | list[int],
+    params: dict[str, Any],
+    rid: str,
+    token_ids_logprob: list[int] | None,
 ) -> GenerateReqInput:
     return GenerateReqInput(
         **prompt_fields(prompt),
@@ -139,6 +160,7 @@ def _one_input(
         stream=True,
         return_logprob=request.return_logprob,
         top_logprobs_num=request.top_logprobs_num,
+        token_ids_logprob=token_ids_logprob,
         logprob_start_len=request.logprob_start_len,
         return_text_in_logprobs=request.return_text_in_logprobs,
     )

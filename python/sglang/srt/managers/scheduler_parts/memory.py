@@ -138,6 +138,7 @@ class SchedulerMemoryMixin:
         if req.wants_input_logprobs():
             req.logprobs.input_token_logprobs.clear()
             req.logprobs.input_top_logprobs.clear()
+            req.logprobs.input_token_ids_logprobs.clear()
         self.release_req(req)
         req.is_chunked = False
         req.extend_len = 0

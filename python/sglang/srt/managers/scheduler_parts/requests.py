@@ -86,6 +86,7 @@ class SchedulerRequestsMixin:
             msg.sampling_params,
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
+            logprob_token_ids=msg.token_ids_logprob,
             logprob_start_len=msg.logprob_start_len,
             stream=msg.stream,
         )

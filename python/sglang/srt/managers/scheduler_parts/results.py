@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from sglang.srt.constrained.base import InvalidGrammarError, key_of
+from sglang.srt.layers.listed_logprobs import split_listed
 from sglang.srt.layers.sampler import NO_ALLOWED_TOKEN
 from sglang.srt.managers.detokenizer_manager import (
     find_stop,
@@ -110,7 +111,7 @@ class SchedulerResultsMixin:
         if req.logprobs is not None:
             if result.next_token_logprobs is not None:
                 logprob = result.next_token_logprobs[i]
-            if req.top_logprobs_num and result.next_token_top_logprobs is not None:
+            if req.lists_logprobs() and result.next_token_top_logprobs is not None:
                 top = result.next_token_top_logprobs[i]
         self.accept_token(req, result.next_token_ids[i], logprob, top)
 
@@ -121,7 +122,8 @@ class SchedulerResultsMixin:
         logprob: float | None = None,
         top: list[tuple[float, int]] | None = None,
     ) -> None:
-        """Append one generated token: logprobs, grammar, stop and length checks."""
+        """Append one generated token: logprobs, grammar, stop and length checks. `top`:
+        the position's listed logprobs (listed_logprobs.py)."""
         if token == NO_ALLOWED_TOKEN:  # this request's bans left nothing to sample
             req.finished_reason = _no_allowed_token_reason(req)
             return
@@ -206,8 +208,13 @@ class SchedulerResultsMixin:
     ) -> None:
         if logprob is not None:
             req.logprobs.output_token_logprobs.append((logprob, token))
-        if req.top_logprobs_num and top is not None:
+        if not req.lists_logprobs() or top is None:
+            return
+        top, picked = split_listed(top, req.top_logprobs_num)
+        if req.top_logprobs_num:
             req.logprobs.output_top_logprobs.append(top)
+        if req.logprob_token_ids:
+            req.logprobs.output_token_ids_logprobs.append(picked)
 
     def _record_input_logprobs(self, req: Req, result: Any, i: int) -> None:
         if not req.wants_input_logprobs() or result.input_token_logprobs is None:
@@ -218,8 +225,15 @@ class SchedulerResultsMixin:
         skip = max(req.logprob_start_len - start, 0)  # asked only to carry the last row
         ids = req.origin_input_ids[start + skip : end]
         req.logprobs.input_token_logprobs.extend(zip(logprobs[skip:], ids))
-        if req.top_logprobs_num and result.input_top_logprobs is not None:
-            req.logprobs.input_top_logprobs.extend(result.input_top_logprobs[i][skip:])
+        if not req.lists_logprobs() or result.input_top_logprobs is None:
+            return
+        # position 0 of a prompt has no logprobs: its list is None, so are its parts
+        for entry in result.input_top_logprobs[i][skip:]:
+            top, picked = split_listed(entry, req.top_logprobs_num) if entry else (None, None)
+            if req.top_logprobs_num:
+                req.logprobs.input_top_logprobs.append(top)
+            if req.logprob_token_ids:
+                req.logprobs.input_token_ids_logprobs.append(picked)
 
     # ------------------------------------------------------------------ emission
 
@@ -264,27 +278,24 @@ def _decode_params_once(req: Req) -> DecodeParams | None:
     )
 
 
+# LogprobState's lists as BatchTokenIDOutput carries them: per output token, or the
+# whole prompt's once (with the first output)
+_OUTPUT_LOGPROB_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+_INPUT_LOGPROB_LISTS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
+
+
 def _attach_logprobs(msg: BatchTokenIDOutput, reqs: list[Req]) -> None:
-    msg.output_token_logprobs, msg.output_top_logprobs = [], []
-    msg.input_token_logprobs, msg.input_top_logprobs = [], []
+    for name in _OUTPUT_LOGPROB_LISTS + _INPUT_LOGPROB_LISTS:
+        setattr(msg, name, [])
     for req in reqs:
         lp = req.logprobs
-        if lp is None:
-            for lst in (
-                msg.output_token_logprobs,
-                msg.output_top_logprobs,
-                msg.input_token_logprobs,
-                msg.input_top_logprobs,
-            ):
-                lst.append([])
-            continue
-        start = req.send_offset
-        msg.output_token_logprobs.append(lp.output_token_logprobs[start:])
-        msg.output_top_logprobs.append(lp.output_top_logprobs[start:])
-        send_input = not lp.input_sent and bool(req.output_ids or req.finished)
-        msg.input_token_logprobs.append(lp.input_token_logprobs if send_input else [])
-        msg.input_top_logprobs.append(lp.input_top_logprobs if send_input else [])
-        lp.input_sent = lp.input_sent or send_input
+        send_input = lp is not None and not lp.input_sent and bool(req.output_ids or req.finished)
+        for name in _OUTPUT_LOGPROB_LISTS:
+            getattr(msg, name).append(getattr(lp, name)[req.send_offset :] if lp else [])
+        for name in _INPUT_LOGPROB_LISTS:
+            getattr(msg, name).append(getattr(lp, name) if send_input else [])
+        if lp is not None:
+            lp.input_sent = lp.input_sent or send_input
 
 
 def _no_allowed_token_reason(req: Req) -> dict[str, Any]:

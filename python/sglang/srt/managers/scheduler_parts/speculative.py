@@ -29,6 +29,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.managers.fault_injection import is_fatal
 from sglang.srt.managers.request_errors import internal_error_reason
 from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.managers.schedule_batch import logprob_token_ids
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
 from sglang.srt.model_executor.model_runner import RunnerSettings
 from sglang.srt.runtime_context import get_spec
@@ -207,6 +208,7 @@ class SchedulerSpeculativeMixin:
             extend_prefix_lens=list(step.kv_lens),
             return_logprob=return_logprob,
             top_logprobs_nums=[r.top_logprobs_num for r in reqs] if return_logprob else None,
+            logprob_token_ids=logprob_token_ids(reqs),
             return_all_logits=True,
         )
 
