@@ -95,3 +95,21 @@ def test_logprobs_zero_gives_the_chosen_token_as_top(tokenizer):
     assert out.top_logprobs == [{token: -0.25} for token in out.tokens]
     prompt = [(None, ids[0], None), *entries(tokenizer, ids[1:])]  # an echoed first token
     assert completion_logprobs(prompt, None, tokenizer).top_logprobs[0] is None
+
+
+def test_a_character_left_unfinished_keeps_its_replacement_to_itself(tokenizer):
+    """A lone UTF-8 lead byte that the next token does not finish becomes U+FFFD in the
+    text; the next token's text starts after it (it used to be charged the U+FFFD)."""
+    lead = next(i for i in range(tokenizer.vocab_size) if raw_token_bytes(tokenizer, i) == b"\xce")
+    ids = [*tokenizer.encode("mit", add_special_tokens=False), lead,
+           *tokenizer.encode("compare", add_special_tokens=False)]  # fmt: skip
+    text = tokenizer.decode(ids)
+    assert text == "mit\ufffdcompare"
+    for chunk in (1, 2, len(ids)):
+        offsets = TextOffsets(0)
+        found = []
+        for start in range(0, len(ids), chunk):
+            part = entries(tokenizer, ids[start : start + chunk])
+            found += completion_logprobs(part, None, tokenizer, offsets).text_offset
+        assert found[-len(tokenizer.encode("compare", add_special_tokens=False))] == 4, found
+        assert found[: len(ids) - 1] == sorted(found[: len(ids) - 1])

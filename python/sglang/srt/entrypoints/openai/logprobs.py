@@ -112,9 +112,23 @@ class TextOffsets:
 
     def take(self, entry: Entry, tokenizer: Any) -> int:
         """`entry`'s offset; the next one moves past the characters it completes."""
-        here = self.offset
-        self.offset += len(self._decoder.decode(token_bytes(entry, tokenizer)))
+        pending = self._decoder.getstate()[0]  # an earlier token's unfinished character
+        data = token_bytes(entry, tokenizer)
+        here = self.offset + (_orphaned_chars(pending, data) if pending else 0)
+        self.offset += len(self._decoder.decode(data))
         return here
+
+
+def _orphaned_chars(pending: bytes, data: bytes) -> int:
+    """How many U+FFFD the `pending` bytes (the valid start of a character) leave in the
+    text when `data`, the next token's bytes, does not finish that character: they
+    belong to the earlier token, and this token's text starts after them."""
+    try:
+        codecs.getincrementaldecoder("utf-8")("strict").decode(pending + data)
+    except UnicodeDecodeError as exc:
+        if exc.start == 0:
+            return len(pending.decode("utf-8", "replace"))
+    return 0
 
 
 def completion_logprobs(
