@@ -304,7 +304,14 @@ def test_too_long_prompt_is_400(client, tm):
     long_text = "x" * (tm.context_len + 5)
     chat = client.post("/v1/chat/completions", json=chat_body(messages=[{"role": "user",
                        "content": long_text}]))  # fmt: skip
-    assert assert_error(chat, 400, "messages")["code"] == "context_length_exceeded"
+    error = assert_error(chat, 400, "messages")
+    assert error["code"] == "context_length_exceeded"
+    assert "longer than the model's context length" in error["message"]  # the documented wording
+    short = [{"role": "user", "content": "hi"}]
+    too_much = client.post("/v1/chat/completions", json=chat_body(messages=short, max_tokens=10**6))
+    error = assert_error(too_much, 400, "messages")
+    assert error["message"].startswith("Requested token count exceeds the model's maximum context")
+    assert "plus 1000000 max_tokens" in error["message"]
     body = {"model": MODEL, "prompt": long_text, "max_tokens": 2}
     assert assert_error(client.post("/v1/completions", json=body), 400, "prompt")["code"] == (
         "context_length_exceeded"

@@ -67,8 +67,16 @@ class RecordingTokenizer(FakeTokenizer):
         self.calls: list[dict] = []
 
     def apply_chat_template(self, messages, **kwargs):
-        self.calls.append({"messages": messages, **kwargs})
+        self.calls.append({"messages": messages, "on_loop": _on_event_loop(), **kwargs})
         return super().apply_chat_template(messages, **kwargs)
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 @dataclass
@@ -481,6 +489,35 @@ def test_a_continued_assistant_message_sets_where_reasoning_stands(
     assert joined(events, "content") == content
 
 
+@pytest.mark.parametrize(
+    "prefill, script, reasoning, content",
+    [("Sure,", " thing.", None, " thing."),
+     ("<think>Let me", " see.</think>Done.", "see.", "Done.")],
+)  # fmt: skip
+def test_a_prefill_sent_as_text_parts_sets_reasoning_as_its_text_does(
+    serve, prefill, script, reasoning, content
+):
+    # the parts render as the same prompt as the string, so the output splits the same
+    client = serve(make_tm(script, reasoning_parser="qwen3"))
+    parts = [{"type": "text", "text": prefill}]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": parts}]
+    body = {"messages": messages, "continue_final_message": True,
+            "chat_template_kwargs": {"enable_thinking": True}}  # fmt: skip
+    message = chat(client, **body).json()["choices"][0]["message"]
+    assert (message.get("reasoning_content"), message["content"]) == (reasoning, content)
+
+
+def test_long_messages_render_off_the_event_loop(serve):
+    # rendering and tokenizing ~380K characters took the loop for seconds: every other
+    # request's stream stalled; past 16,384 characters it runs in a worker thread
+    tm = make_tm("ok")
+    tm.context_len = 20_000
+    client = serve(tm)
+    chat(client)
+    chat(client, messages=[{"role": "user", "content": "x" * 17_000}], max_tokens=1)
+    assert [call["on_loop"] for call in tm.tokenizer.calls] == [True, False]
+
+
 def test_separate_reasoning_false_keeps_the_text_whole(serve):
     script = "<think>hm</think>ok"
     client = serve(make_tm(script, reasoning_parser="qwen3"))
@@ -640,6 +677,21 @@ def test_tool_history_through_the_route(serve, arguments):
     assert rendered[2]["tool_call_id"] == "call_9"
 
 
+def test_arguments_escaping_a_lone_surrogate_stay_text():
+    """This server's own calls keep a lone surrogate escaped (`\\ud83d`); sent back as
+    history, the arguments stay that text (as an object the template would write the
+    raw half, which no tokenizer encodes: a 500 before)."""
+    from sglang.srt.parser.chat_template import normalize_messages
+
+    arguments = '{"emoji": "\\ud83d"}'
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    [message] = normalize_messages([{"role": "assistant", "content": None, "tool_calls": [call]}])
+    assert message["tool_calls"][0]["function"]["arguments"] == arguments
+    call["function"]["arguments"] = '{"emoji": "\\ud83d\\ude00"}'  # a whole pair: an object
+    [message] = normalize_messages([{"role": "assistant", "tool_calls": [call]}])
+    assert message["tool_calls"][0]["function"]["arguments"] == {"emoji": "\U0001f600"}
+
+
 # --- detection at the launcher stage ------------------------------------------------------------
 
 QWEN3_LIKE = (
@@ -699,6 +751,16 @@ def test_chat_template_jinja_file_wins_like_transformers(tmp_path):
     (directory / "chat_template.jinja").write_text(QWEN3_LIKE)
     sa = ServerArgs(model_path=str(directory), device="cpu").resolve_once()
     assert detected_parsers(resolve_auto_parsers(sa))["tool_call_parser"] == "qwen25"
+
+
+def test_named_templates_detect_tools_from_tool_use(tmp_path):
+    # Hermes-2-Pro ships {default, tool_use}: a request with tools renders with tool_use,
+    # so that is where the tool-call format is found; reasoning from the default
+    named = [{"name": "default", "template": PLAIN + "<think>"},
+             {"name": "tool_use", "template": QWEN3_LIKE}]  # fmt: skip
+    sa = ServerArgs(model_path=str(model_dir(tmp_path, named, "m")), device="cpu").resolve_once()
+    assert detected_parsers(resolve_auto_parsers(sa)) == {
+        "tool_call_parser": "qwen25", "reasoning_parser": "qwen3"}  # fmt: skip
 
 
 def test_detection_is_recorded_per_tokenizer_manager(tmp_path):

@@ -22,7 +22,9 @@ class ServingArgs:
     served_model_name: str | None = arg(
         None, "Model name reported by /v1/models. Default: model path."
     )
-    chat_template: str | None = arg(None, "Chat template name or file. Default: the tokenizer's.")
+    chat_template: str | None = arg(
+        None, "Chat template: a Jinja file (or inline Jinja text). Default: the tokenizer's."
+    )
     reasoning_parser: str | None = arg(
         None,
         "Split the <think> part of chat output into reasoning_content. "

@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from sglang.srt.parser.detection import detect_parsers
+from sglang.srt.parser.function_call.text_utils import has_lone_surrogate
+
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
@@ -113,13 +116,15 @@ def normalize_messages(
 
 def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:
     """Arguments that are a JSON object's text become the object (kept as text otherwise,
-    as SGLang does)."""
+    as SGLang does). Text escaping a lone surrogate (`\\ud83d`, as this server's own calls
+    keep one) stays text: the object would hold the raw half, which no tokenizer encodes."""
     function = dict(call.get("function") or {})
     try:
         arguments = json.loads(function.get("arguments") or "")
     except (ValueError, TypeError, RecursionError):  # not JSON, huge ints, nested too deep
         return call
-    if isinstance(arguments, dict):
+    raw_half = has_lone_surrogate(json.dumps(arguments, ensure_ascii=False))
+    if isinstance(arguments, dict) and not raw_half:
         function["arguments"] = arguments
     return {**call, "function": function}
 
@@ -151,7 +156,7 @@ def render_chat(
     if tools:
         kwargs["tools"] = tools
     try:
-        as_parts = loops_over_content(template or tokenizer.chat_template)
+        as_parts = loops_over_content(template or tokenizer.chat_template, bool(tools))
         return tokenizer.apply_chat_template(
             normalize_messages(messages, content_as_parts=as_parts),
             chat_template=template,
@@ -168,12 +173,15 @@ def render_chat(
         raise ChatTemplateError(f"the chat template cannot render this request: {exc}") from None
 
 
-def loops_over_content(template: str | dict[str, str] | None) -> bool:
+def loops_over_content(template: str | dict[str, str] | None, with_tools: bool = False) -> bool:
     """Whether the template iterates over a message's content (`{% for part in
     message['content'] %}`): it then takes the parts as a list, as SGLang and vLLM
-    detect from the template's syntax tree."""
-    if isinstance(template, dict):  # named templates: the one apply_chat_template uses
-        template = template.get("default") or next(iter(template.values()), None)
+    detect from the template's syntax tree. Named templates: the one
+    apply_chat_template picks (`tool_use` for a request with tools, if there is one)."""
+    if isinstance(template, dict):
+        named = template
+        template = (with_tools and named.get("tool_use")) or named.get("default")
+        template = template or next(iter(named.values()), None)
     return isinstance(template, str) and _loops_over_content(template)
 
 
@@ -201,15 +209,17 @@ def _reads_content(node: Any) -> bool:
 # --- parser detection (launcher stage) ------------------------------------------------------
 
 
-def model_chat_template(server_args: ServerArgs) -> str | None:
-    """The template the chat route will render with: `--chat-template`, else the tokenizer's."""
+def model_chat_templates(server_args: ServerArgs) -> dict[str, str]:
+    """The templates the chat route will render with, by name: `--chat-template` (as
+    "default"), else the tokenizer's ("default", and "tool_use" for requests with tools
+    where the model names one, as Hermes-2-Pro does)."""
     from sglang.srt.server_args import resolution_result
 
     override = load_chat_template(resolution_result(server_args, "chat_template"))
     if override is not None:
-        return override
+        return {"default": override}
     if resolution_result(server_args, "skip_tokenizer_init"):
-        return None
+        return {}
     path = resolution_result(server_args, "tokenizer_path") or resolution_result(
         server_args, "model_path"
     )
@@ -226,39 +236,48 @@ def model_chat_template(server_args: ServerArgs) -> str | None:
     except OSError as exc:  # a hub id that cannot be fetched (offline, a typo)
         field = "tokenizer_path" if server_args.tokenizer_path else "model_path"  # as typed
         raise ValueError(f"{field}={path!r}: cannot load its tokenizer: {exc}") from None
-    return _default_template(getattr(tokenizer, "chat_template", None))
+    return _named_templates(getattr(tokenizer, "chat_template", None))
 
 
-def _local_chat_template(directory: Path) -> str | None:
+def _local_chat_template(directory: Path) -> dict[str, str]:
     """As transformers loads it: chat_template.jinja wins over tokenizer_config.json."""
     jinja = directory / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        return {"default": jinja.read_text(encoding="utf-8")}
     config = directory / "tokenizer_config.json"
     if not config.is_file():
-        return None
-    return _default_template(json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
+        return {}
+    return _named_templates(json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
 
 
-def _default_template(value: Any) -> str | None:
-    """A template string, or the "default" one of a list of named templates / a dict."""
+def _named_templates(value: Any) -> dict[str, str]:
+    """A template string (as "default"), or a list of named templates / a dict, by name."""
+    if isinstance(value, str):
+        return {"default": value}
     if isinstance(value, list):
         value = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-    if isinstance(value, dict):
-        value = value.get("default")
-    return value if isinstance(value, str) else None
+    if not isinstance(value, dict):
+        return {}
+    return {name: text for name, text in value.items() if isinstance(text, str)}
+
+
+def _detect_from(templates: dict[str, str]) -> dict[str, str | None]:
+    """The parsers each field would take: the tool-call parser from the template a
+    request with tools renders with, the reasoning parser from the default one."""
+    default = templates.get("default")
+    for_tools = templates.get("tool_use") or default
+    return dict(zip(PARSER_FIELDS, (detect_parsers(for_tools)[0], detect_parsers(default)[1])))
 
 
 def resolve_auto_parsers(server_args: ServerArgs) -> ServerArgs:
     """The config to launch with: `server_args` (resolved), or a variant declaring the
     parsers detected from the chat template for the flags the operator left unset."""
-    from sglang.srt.parser.detection import detect_parsers
     from sglang.srt.server_args import resolution_result
 
     unset = [name for name in PARSER_FIELDS if resolution_result(server_args, name) is None]
     if not unset:
         return server_args
-    detected = dict(zip(PARSER_FIELDS, detect_parsers(model_chat_template(server_args))))
+    detected = _detect_from(model_chat_templates(server_args))
     found = {name: detected[name] for name in unset if detected[name] is not None}
     if not found:
         return server_args

@@ -29,6 +29,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     ToolCall,
 )
 from sglang.srt.entrypoints.openai.tool_call_stream import ConstrainedCallStream
+from sglang.srt.parser.chat_template import message_text
 from sglang.srt.parser.function_call import (
     FunctionCallParser,
     check_tool_choice,
@@ -212,7 +213,8 @@ def _continued_think_state(request: ChatCompletionRequest, reasoning: str | None
     if reasoning is None or not request.continue_final_message:
         return None
     last = request.messages[-1]
-    text = last.content if last.role == "assistant" and isinstance(last.content, str) else ""
+    # a string or text parts (checked when the prompt rendered)
+    text = message_text(last.model_dump()["content"]) if last.role == "assistant" else ""
     if not text.strip():
         return None
     fmt = reasoning_format(reasoning)

@@ -7,6 +7,7 @@ prompt is still a plain 400) and answer Server-Sent Events ending in `[DONE]`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from abc import ABC, abstractmethod
@@ -30,6 +31,7 @@ from sglang.srt.entrypoints.openai.sampling import (
 )
 from sglang.srt.entrypoints.openai.stream_chunks import stamp_usage
 from sglang.srt.entrypoints.openai.usage import usage_of
+from sglang.srt.managers.tokenizer_manager import INLINE_TOKENIZE_CHARS
 
 if TYPE_CHECKING:
     from sglang.srt.managers.io_struct import GenerateReqInput
@@ -182,7 +184,10 @@ class OpenAIServingBase(ABC):
 
     async def handle(self, request: SamplingFields, raw_request: Request | None) -> Response:
         self.check_model(request.model)
-        prepared = self.prepare(request)
+        if self.prompt_chars(request) > INLINE_TOKENIZE_CHARS:  # keep the loop serving
+            prepared = await asyncio.to_thread(self.prepare, request)
+        else:
+            prepared = self.prepare(request)
         fanout = ChoiceFanout(
             self.tokenizer_manager,
             prepared.objs,
@@ -214,6 +219,11 @@ class OpenAIServingBase(ABC):
 
     @abstractmethod
     def prepare(self, request: Any) -> Prepared: ...
+
+    def prompt_chars(self, request: Any) -> int:
+        """About how many characters `prepare` tokenizes itself (0: it leaves the prompt's
+        text to the TokenizerManager, which tokenizes a long one off the loop)."""
+        return 0
 
     def build_response(
         self, request: Any, prepared: Prepared, outputs: list[dict[str, Any]]

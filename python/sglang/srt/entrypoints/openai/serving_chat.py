@@ -94,6 +94,10 @@ class OpenAIServingChat(OpenAIServingBase):
             request_id=request_id, objs=objs, n=request.n, plan=plan, streams=streams
         )
 
+    def prompt_chars(self, request: ChatCompletionRequest) -> int:
+        """The messages' characters: prepare renders and tokenizes them."""
+        return sum(len(str(m.content or "")) for m in request.messages)
+
     def _output_plan(self, request: ChatCompletionRequest) -> ChatOutputPlan:
         """Read per request: the parsers in effect are this engine's, not the process's."""
         tm = self.tokenizer_manager
@@ -133,13 +137,18 @@ class OpenAIServingChat(OpenAIServingBase):
         if self.tokenizer_manager.allow_auto_truncate:
             # the TokenizerManager cuts the prompt and then max_new_tokens to what is left
             return asked if asked is not None else context_len
-        if prompt_len >= context_len or (asked is not None and prompt_len + asked > context_len):
-            raise APIError(
-                f"This model's maximum context length is {context_len} tokens; the messages "
-                f"have {prompt_len} tokens and {asked or 0} more were requested.",
-                param="messages",
-                code="context_length_exceeded",
+        if prompt_len >= context_len:  # the wording of the TokenizerManager's checks
+            message = (
+                f"The input ({prompt_len} tokens) is longer than the model's context length "
+                f"({context_len} tokens; at most {context_len - 1} in the prompt)."
             )
+            raise APIError(message, param="messages", code="context_length_exceeded")
+        if asked is not None and prompt_len + asked > context_len:
+            message = (
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{context_len} tokens: {prompt_len} in the messages plus {asked} max_tokens."
+            )
+            raise APIError(message, param="messages", code="context_length_exceeded")
         return asked if asked is not None else context_len - prompt_len
 
     @staticmethod

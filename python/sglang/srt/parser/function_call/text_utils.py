@@ -25,6 +25,10 @@ def partial_suffix_len(text: str, marker: str) -> int:
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def has_lone_surrogate(text: str) -> bool:
+    return _LONE_SURROGATE.search(text) is not None
+
+
 def json_text(value: Any) -> str:
     """json.dumps(value, ensure_ascii=False), with lone surrogates left escaped (as
     `\\udXXX`), so the text encodes to UTF-8 for the response; ValueError/TypeError when
