@@ -464,6 +464,18 @@ UNENFORCEABLE = {
     "oneOf_overlapping_objects": {"oneOf": [
         {"type": "object", "properties": {"a": {"type": "integer"}}},
         {"type": "object", "properties": {"b": {"type": "integer"}}}]},
+    # number ranges are written with 6 decimals: none fits, the value compiled to ""
+    "number_range_below_6_decimals": {"type": "number", "minimum": 1e-7, "maximum": 2e-7},
+    "open_number_range": {"type": "object", "properties": {"x": {
+        "type": "number", "exclusiveMinimum": 0.1, "maximum": 0.1000001}}},
+    # length limits next to pattern / format are dropped
+    "pattern_with_maxLength": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
+    "format_with_minLength": {"type": "string", "format": "email", "minLength": 12},
+    # literal pattern characters are written raw into the JSON text
+    "pattern_with_control_escapes": {"type": "string", "pattern": "^\\n\\t$"},
+    "pattern_with_raw_newline": {"type": "string", "pattern": "^\n$"},
+    "pattern_with_quote": {"type": "string", "pattern": '^"\\\\$'},
+    "pattern_with_control_class": {"type": "string", "pattern": "^[\\x00-\\x1f]{2}$"},
 }  # fmt: skip
 _PETS = {"Cat": {"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]},
          "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"]}}
@@ -481,6 +493,11 @@ ENFORCEABLE = [
     {"oneOf": [{"const": 1}, {"const": True}, {"enum": ["a", 2.5]}]},
     # a discriminated union, as pydantic writes one
     {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "$defs": _PETS},
+    {"type": "number", "minimum": 1.25, "maximum": 1.2500004},  # 1.25 fits
+    {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.000002},
+    {"type": "string", "pattern": "^[ -~]+$"},  # xgrammar's Regex form: no raw controls
+    {"type": "string", "pattern": "^\\d+\\.\\w\\s?$"},
+    {"type": "string", "maxLength": 3},
 ]
 
 
@@ -497,3 +514,55 @@ def test_a_schema_the_backend_ignores_part_of_is_refused(backend, name):
 @pytest.mark.parametrize("schema", ENFORCEABLE)
 def test_enforceable_schemas_still_compile(backend, schema):
     backend.compile(GrammarKey("json_schema", json.dumps(schema)))
+
+
+# --- structural tags --------------------------------------------------------------------------
+
+_TAGGED = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+STRUCTURAL_TAG_FORMS = {
+    "sglang": {"structures": [{"begin": "<f>", "schema": _TAGGED, "end": "</f>"}],
+               "triggers": ["<f>"]},
+    "xgrammar": {"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<f>"],
+        "tags": [{"type": "tag", "begin": "<f>", "end": "</f>",
+                  "content": {"type": "json_schema", "json_schema": _TAGGED}}]}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("form", list(STRUCTURAL_TAG_FORMS))
+@pytest.mark.parametrize("any_whitespace", [True, False])
+def test_structural_tag_json_whitespace_as_json_schema(tokenizer, form, any_whitespace):
+    """A tagged JSON part has json_schema's whitespace rule: runs of at most 16, none in
+    compact mode (--constrained-json-disable-any-whitespace); it had no limit at all (the
+    demo model wrote 2,422 whitespace characters)."""
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    backend = XGrammarBackend(tokenizer, MODEL_VOCAB, [eos], any_whitespace=any_whitespace)
+    compiled = backend.compile(GrammarKey("structural_tag", json.dumps(STRUCTURAL_TAG_FORMS[form])))
+    grammar = backend.new_grammar(compiled)
+    assert all(grammar.accept_token(t) for t in tokenizer.encode("ok <f>{", add_special_tokens=False))
+    (newline,) = tokenizer.encode("\n", add_special_tokens=False)
+    accepted = 0
+    while accepted <= MAX_JSON_WHITESPACE and grammar.accept_token(newline):
+        accepted += 1
+    assert accepted == (MAX_JSON_WHITESPACE if any_whitespace else 0)
+    compact = backend.new_grammar(compiled)
+    text = 'ok <f>{"a": 1}</f> and on'  # compact JSON is json.dumps' (", ", ": ")
+    assert all(compact.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [({"structures": [{"begin": "<f>", "end": "</f>"}], "triggers": ["<f>"]},
+      "structures[0] needs a JSON schema object 'schema'"),
+     ({"structures": [{"schema": {}}], "triggers": ["<f>"]},
+      "structures[0] needs string 'begin' and 'end'"),
+     ({"structures": [], "triggers": ["<f>"]}, "'structures' must be a non-empty list"),
+     ({"structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}]}, "'triggers' must be"),
+     ({"type": "structural_tag"}, "format: Field required")],
+)  # fmt: skip
+def test_a_malformed_structural_tag_says_what_is_wrong(backend, spec, message):
+    # the messages were Python exceptions' text ("invalid structural_tag: 'schema'")
+    with pytest.raises(InvalidGrammarError) as info:
+        backend.compile(GrammarKey("structural_tag", json.dumps(spec)))
+    assert str(info.value).startswith("invalid structural_tag: ") and message in str(info.value)
+    assert info.value.param == "structural_tag"

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pydantic
 import torch
 import xgrammar as xgr
+from xgrammar.structural_tag import GrammarFormat, JSONSchemaFormat
 
 from sglang.srt.constrained.base import (
     ANY_JSON_OBJECT,
@@ -25,6 +27,7 @@ from sglang.srt.constrained.base import (
     InvalidGrammarError,
 )
 from sglang.srt.constrained.json_schema_support import unsupported_feature
+from sglang.srt.sampling.param_types import first_error
 
 # Longest whitespace run allowed between JSON tokens (with free whitespace on): room for
 # pretty-printing several levels deep, yet a weak model cannot fill its whole output
@@ -98,25 +101,20 @@ class XGrammarBackend(GrammarBackend):
 
     def _compile_structural_tag(self, text: str) -> xgr.CompiledGrammar:
         """SGLang's form {"structures": [{"begin", "schema", "end"}], "triggers": [...]},
-        or xgrammar's own structural-tag JSON ({"type": "structural_tag", "format": ...})."""
+        or xgrammar's own structural-tag JSON ({"type": "structural_tag", "format": ...}).
+        Their JSON parts get the whitespace rule json_schema has (--constrained-json-
+        disable-any-whitespace, else runs of at most MAX_JSON_WHITESPACE)."""
         spec = json.loads(text)
         if isinstance(spec, dict) and "structures" in spec:
-            for structure in spec["structures"]:  # the json_schema rule, for each schema
-                reason = unsupported_feature(structure.get("schema"))
-                if reason is not None:
-                    raise InvalidGrammarError(
-                        f"the JSON schema of {structure['begin']!r} cannot be enforced: {reason}",
-                        STRUCTURAL_TAG,
-                    )
-            tags = [
-                xgr.StructuralTagItem(
-                    begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"]
-                )
-                for s in spec["structures"]
-            ]
-            grammar = xgr.Grammar.from_structural_tag(tags, spec["triggers"])
+            tag = _from_sglang_form(spec)
         else:
-            grammar = xgr.Grammar.from_structural_tag(text)
+            try:
+                tag = xgr.StructuralTag.model_validate(spec)
+            except pydantic.ValidationError as exc:
+                raise InvalidGrammarError(
+                    f"invalid structural_tag: {first_error(exc)}", STRUCTURAL_TAG
+                ) from None
+        grammar = xgr.Grammar.from_structural_tag(_with_json_whitespace(tag, self.any_whitespace))
         return self.compiler.compile_grammar(json_strings_without_controls(str(grammar)))
 
     def new_grammar(self, compiled: xgr.CompiledGrammar) -> XGrammarGrammar:
@@ -143,6 +141,60 @@ def json_strings_without_controls(ebnf: str) -> str:
     """xgrammar's EBNF for a JSON schema with length-limited strings held to JSON's
     characters (no raw U+0000-U+001F)."""
     return ebnf.replace(_LENGTH_LIMITED_CHAR, _JSON_STRING_CHAR)
+
+
+def _from_sglang_form(spec: dict[str, Any]) -> xgr.StructuralTag:
+    """SGLang's structural tag, its shape and every schema checked (400s naming why)."""
+    structures, triggers = spec.get("structures"), spec.get("triggers")
+    if not isinstance(structures, list) or not structures:
+        raise InvalidGrammarError("invalid structural_tag: 'structures' must be a non-empty list",
+                                  STRUCTURAL_TAG)  # fmt: skip
+    if not isinstance(triggers, list) or not all(isinstance(t, str) and t for t in triggers):
+        raise InvalidGrammarError("invalid structural_tag: 'triggers' must be a list of non-empty "
+                                  "strings", STRUCTURAL_TAG)  # fmt: skip
+    items = []
+    for i, structure in enumerate(structures):
+        where = f"invalid structural_tag: structures[{i}]"
+        if not isinstance(structure, dict) or not all(
+            isinstance(structure.get(k), str) for k in ("begin", "end")
+        ):
+            raise InvalidGrammarError(f"{where} needs string 'begin' and 'end'", STRUCTURAL_TAG)
+        schema = structure.get("schema")
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidGrammarError(f"{where} needs a JSON schema object 'schema'",
+                                      STRUCTURAL_TAG)  # fmt: skip
+        reason = unsupported_feature(schema)
+        if reason is not None:
+            raise InvalidGrammarError(
+                f"the JSON schema of {structure['begin']!r} cannot be enforced: {reason}",
+                STRUCTURAL_TAG,
+            )
+        items.append(xgr.StructuralTagItem(begin=structure["begin"], schema=json.dumps(schema),
+                                           end=structure["end"]))  # fmt: skip
+    return xgr.StructuralTag.from_legacy_structural_tag(items, triggers)
+
+
+def _with_json_whitespace(node: Any, any_whitespace: bool) -> Any:
+    """`node` (a structural tag's part) with the whitespace rule json_schema has for
+    every JSON part that sets none: runs of at most MAX_JSON_WHITESPACE, or none (the
+    compact JSON of from_json_schema, as a grammar: a limit must be positive). Without
+    one a weak model may write whitespace until its length runs out."""
+    if isinstance(node, JSONSchemaFormat):
+        if node.style != "json" or node.max_whitespace_cnt is not None:
+            return node
+        if any_whitespace:
+            return node.model_copy(update={"max_whitespace_cnt": MAX_JSON_WHITESPACE})
+        compact = xgr.Grammar.from_json_schema(json.dumps(node.json_schema), any_whitespace=False)
+        return GrammarFormat(grammar=str(compact))
+    if isinstance(node, pydantic.BaseModel):
+        names = type(node).model_fields
+        limited = {
+            name: _with_json_whitespace(getattr(node, name), any_whitespace) for name in names
+        }
+        return node.model_copy(update=limited)
+    if isinstance(node, list):
+        return [_with_json_whitespace(item, any_whitespace) for item in node]
+    return node
 
 
 def _first_line(exc: Exception) -> str:
