@@ -87,6 +87,8 @@ def test_choice_rids():
     assert choice_rids("req", "mine", 1) == ["mine"]
     assert choice_rids("req", "mine", 2) == ["mine-0", "mine-1"]
     assert choice_rids("req", None, 2) == ["req-0", "req-1"]
+    # one choice runs under the response id a client sees: /abort_request with it works
+    assert choice_rids("req", None, 1) == ["req"]
 
 
 def test_usage_counts_each_prompt_once():

@@ -473,6 +473,16 @@ def test_flush_and_abort(client, tm, monkeypatch):
     tm.running.discard("r2")
 
 
+def test_a_single_choice_runs_under_the_response_id(client, tm):
+    # SGLang: the response's id is the rid, so /abort_request with it reaches the request
+    # (an n=1 request used to run as `<id>-0`, and the abort was a silent no-op)
+    chat = client.post("/v1/chat/completions", json=chat_body(max_tokens=2)).json()
+    assert tm.requests[-1].rid == chat["id"]
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 2}
+    completion = client.post("/v1/completions", json=body).json()
+    assert tm.requests[-1].rid == completion["id"]
+
+
 def test_metrics(client):
     client.post("/v1/chat/completions", json=chat_body(max_tokens=3, stream=True))
     client.post("/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 2})

@@ -795,3 +795,27 @@ def test_cli_accepts_sglang_parser_names():
     sa = prepare_server_args(["--model-path", "org/m", "--tool-call-parser", "qwen25",
                               "--reasoning-parser", "deepseek-r1"])  # fmt: skip
     assert sa.tool_call_parser == "qwen25" and sa.reasoning_parser == "deepseek-r1"
+
+
+def _nested(levels: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [({"response_format": {"type": "json_schema",
+                           "json_schema": {"name": "a", "schema": _nested(140)}}}, "response_format"),
+     ({"response_format": {"type": "structural_tag", "triggers": ["<a"],
+                           "structures": [{"begin": "<a>", "schema": _nested(140), "end": "</a>"}]}},
+      "response_format"),
+     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": _nested(140)}}],
+       "tool_choice": "required"}, "tools")],
+)  # fmt: skip
+def test_a_too_deep_schema_names_the_field_the_request_sent(serve, extra, param):
+    # the 400 named json_schema / structural_tag, fields an OpenAI request never sends
+    error = chat(serve(make_tm("ok")), **extra).json()["error"]
+    assert error["param"] == param
+    assert error["message"] == f"{param} nests more than 128 levels deep"

@@ -97,7 +97,7 @@ def _route_names(
     """(message, param) in the route's names: OpenAI's where `param_of` is given."""
     if param_of is None:
         return message, param
-    return openai_message(message), (param_of(param) if param else param)
+    return openai_message(message, param_of), (param_of(param) if param else param)
 
 
 class ChoiceFanout:

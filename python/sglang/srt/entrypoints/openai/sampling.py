@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from typing import Any
 
 from sglang.srt.constrained.base import ANY_JSON_OBJECT
@@ -79,26 +81,38 @@ def _calls_constrained(request: SamplingFields) -> bool:
     return bool(getattr(request, "tools", None)) and choice not in (None, "auto", "none")
 
 
-def openai_message(message: str) -> str:
-    """A runtime error's message with the OpenAI names of the native fields it cites."""
+def openai_message(message: str, param_of: Callable[[str], str] | None = None) -> str:
+    """A runtime error's message with the OpenAI names of the native fields it cites
+    (`param_of` names a `sampling_params.<name>` path as the request's field)."""
+    if param_of is not None:
+        message = _NATIVE_PATH.sub(lambda m: param_of(m.group(0)), message)
     for native, name in _OPENAI_NAMES.items():
         message = message.replace(native, name)
     return message
+
+
+_NATIVE_PATH = re.compile(r"\bsampling_params\.\w+")
 
 
 # OpenAI field names of the native sampling fields they map to (errors name the former).
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
 
-def check_choice_params(params: dict[str, Any], vocab_size: int | None) -> None:
+def check_choice_params(
+    params: dict[str, Any], vocab_size: int | None, param_of: Callable[[str], str]
+) -> None:
     """The native rules (cross-field, vocabulary) on the translated dict, so the
-    OpenAI routes refuse exactly what /generate refuses; errors use OpenAI names."""
+    OpenAI routes refuse exactly what /generate refuses; errors use the request's names
+    (`param_of`: openai_param of the request)."""
     try:
         SamplingParams.from_dict(params).verify(vocab_size)
     except InvalidParamError as exc:
         native = (exc.param or "").split(".")[0]
-        param = _OPENAI_NAMES.get(native, native) or None
-        raise APIError(openai_message(str(exc)), param=param, code="invalid_value") from None
+        param = param_of(native) if native else None
+        message = openai_message(str(exc), param_of)
+        if native and param and message.startswith(native + " "):  # "json_schema nests ..."
+            message = param + message[len(native) :]
+        raise APIError(message, param=param, code="invalid_value") from None
 
 
 def sampling_params(request: SamplingFields, max_new_tokens: int | None) -> dict[str, Any]:

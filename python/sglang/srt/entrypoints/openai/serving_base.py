@@ -70,9 +70,11 @@ def new_request_id(prefix: str) -> str:
 
 
 def choice_rids(request_id: str, user_rid: str | None, num_choices: int) -> list[str]:
-    """The TokenizerManager rid of each choice (`user_rid` kept when there is one choice)."""
-    if user_rid is not None and num_choices == 1:
-        return [user_rid]
+    """The TokenizerManager rid of each choice. One choice runs under the caller's rid,
+    else the response's id, so abort_request with the `id` a client saw reaches it (as
+    in SGLang); several are `<rid>-<k>` under that parent (mark_samples)."""
+    if num_choices == 1:
+        return [user_rid or request_id]
     base = user_rid or request_id
     return [f"{base}-{i}" for i in range(num_choices)]
 
@@ -211,7 +213,7 @@ class OpenAIServingBase(ABC):
     def _choice_params(self, request: SamplingFields, max_new_tokens: int | None) -> dict[str, Any]:
         """Check the sampling fields against the limits and the vocab; the per-choice dict."""
         params = sampling_params(request, max_new_tokens)
-        check_choice_params(params, self._vocab_size())
+        check_choice_params(params, self._vocab_size(), lambda path: openai_param(request, path))
         return params
 
     def _vocab_size(self) -> int | None:
