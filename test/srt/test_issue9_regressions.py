@@ -194,6 +194,10 @@ def test_engine_skip_tokenizer_init_serves_token_ids(tiny_llama_dir, engine):
         with pytest.raises(InvalidParamError, match="stop strings need a tokenizer") as refused:
             llm.generate(input_ids=IDS, sampling_params={**GREEDY_IDS, "stop": " # "})
         assert refused.value.param == "sampling_params.stop"
+        # so are token texts in logprobs: there is no tokenizer to decode them
+        with pytest.raises(InvalidParamError, match="return_text_in_logprobs needs a tokenizer"):
+            llm.generate(input_ids=IDS, sampling_params=GREEDY_IDS, return_logprob=True,
+                         return_text_in_logprobs=True)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +228,12 @@ def test_http_server_skip_tokenizer_init_warms_up_and_serves_ids(no_tokenizer_se
     ).json()
     engine_outs = engine.generate(input_ids=IDS, sampling_params=sampled)
     assert [o["output_ids"] for o in http_outs] == [o["output_ids"] for o in engine_outs]
+    # completions logprobs of a token-id prompt: served, with no token texts to decode
+    body = {"model": "default", "prompt": IDS, "max_tokens": 3, "logprobs": 1,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    reply = requests.post(url + "/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert len(reply.json()["choices"][0]["logprobs"]["token_logprobs"]) == 3
 
 
 def test_http_abort_request_reports_whether_found(no_tokenizer_server):

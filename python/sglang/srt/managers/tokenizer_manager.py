@@ -435,6 +435,12 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         if params.n != 1:
             raise ValueError("n > 1 must be expanded into n requests by the caller")
         params.normalize(self.tokenizer)
+        if obj.return_text_in_logprobs and self.tokenizer is None:
+            raise InvalidParamError(
+                "return_text_in_logprobs needs a tokenizer (the server runs with "
+                "--skip-tokenizer-init)",
+                "return_text_in_logprobs",
+            )
         if params.stop_strs and self.tokenizer is None:  # matched on decoded text
             raise InvalidParamError(
                 "stop strings need a tokenizer (the server runs with --skip-tokenizer-init): "

@@ -94,9 +94,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
     def _prompt_text(self, prompt: Prompt) -> str:
         return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
 
-    @staticmethod
     def _generate_input(
-        request: CompletionRequest, prompt: Prompt, params: dict[str, Any], rid: str
+        self, request: CompletionRequest, prompt: Prompt, params: dict[str, Any], rid: str
     ) -> GenerateReqInput:
         want_logprobs = request.logprobs is not None
         return GenerateReqInput(
@@ -107,7 +106,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
             return_logprob=want_logprobs,
             top_logprobs_num=request.logprobs or 0,
             logprob_start_len=0 if (want_logprobs and request.echo) else -1,
-            return_text_in_logprobs=True,
+            # token texts: without a tokenizer (--skip-tokenizer-init) there are none
+            return_text_in_logprobs=want_logprobs and self.tokenizer is not None,
         )
 
     def _echo(self, prepared: Prepared, index: int) -> str:
