@@ -375,6 +375,28 @@ def test_generate_batch_with_one_sampling_params_per_prompt(client):
     assert [len(out["output_ids"]) for out in outs] == [1, 1, 3, 3]
 
 
+def test_generate_batch_with_rids_and_logprob_options_per_prompt(client, tm):
+    # as SGLang's GenerateReqInput: rid, return_logprob, top_logprobs_num and
+    # logprob_start_len each one value or one per prompt (a list was a 400)
+    body = {"text": ["ab", "cd"], "sampling_params": {"max_new_tokens": 2},
+            "rid": ["first", "second"], "return_logprob": [True, False],
+            "top_logprobs_num": [2, 0], "logprob_start_len": [0, -1]}  # fmt: skip
+    outs = client.post("/generate", json=body).json()
+    assert [out["meta_info"]["id"] for out in outs] == ["first", "second"]
+    sent = tm.requests[-2:]
+    assert [(r.rid, r.return_logprob, r.top_logprobs_num, r.logprob_start_len) for r in sent] == [
+        ("first", True, 2, 0), ("second", False, 0, -1)]  # fmt: skip
+    # n > 1: each prompt's samples are `<rid>-<k>` under that rid
+    client.post("/generate", json={**body, "sampling_params": {"max_new_tokens": 1, "n": 2}})
+    assert [(r.rid, r.parent_rid) for r in tm.requests[-4:]] == [
+        ("first-0", "first"), ("first-1", "first"), ("second-0", "second"),
+        ("second-1", "second")]  # fmt: skip
+    for name in ("rid", "return_logprob", "top_logprobs_num", "logprob_start_len"):
+        short = {**body, name: body[name][:1]}
+        error = assert_error(client.post("/generate", json=short), 400, name)
+        assert "got 1 entries for 2 prompts" in error["message"]
+
+
 def test_generate_stream_cumulative(client):
     body = {"text": "ab", "stream": True, "sampling_params": {"max_new_tokens": 4}}
     with client.stream("POST", "/generate", json=body) as response:

@@ -22,7 +22,6 @@ import signal
 import sys
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -31,6 +30,7 @@ import psutil
 
 from sglang.srt.arg_groups.cuda_probe import cuda_available
 from sglang.srt.entrypoints import child_env
+from sglang.srt.entrypoints.per_prompt import option_per_prompt, per_prompt, sample_rids
 from sglang.srt.managers.forward_clock import ForwardClock, ForwardClocks
 from sglang.srt.managers.io_struct import (
     ChildFailed,
@@ -940,13 +940,13 @@ def _build_requests(
     from sglang.srt.entrypoints.openai.sampling import for_choice
 
     items, is_list = _prompt_items(prompt, input_ids)
-    params = [_split_samples(sp) for sp in _per_prompt(sampling_params, len(items))]
+    params = [_split_samples(sp) for sp in per_prompt(sampling_params, len(items))]
     # return_logprob, top_logprobs_num, ...: one value, or one per prompt
-    per_prompt = {name: _option_per_prompt(name, value, len(items)) for name, value in options.items()}
-    rids = _sample_rids(rid, [n for _, n in params])
+    options_of = {name: option_per_prompt(name, value, len(items)) for name, value in options.items()}
+    rids = sample_rids(rid, [n for _, n in params])
     reqs: list[GenerateReqInput] = []
     for i, (item, (sp, n)) in enumerate(zip(items, params)):
-        mine = {name: values[i] for name, values in per_prompt.items()}
+        mine = {name: values[i] for name, values in options_of.items()}
         for k in range(n):
             sample_rid, parent = rids[len(reqs)]
             reqs.append(
@@ -962,29 +962,12 @@ def _build_requests(
     return reqs, is_list or len(reqs) > 1
 
 
-def _sample_rids(rid: Any, samples: list[int]) -> list[tuple[str, str | None]]:
-    """(rid, parent rid) of each generation, prompt-major; `samples[i]` is prompt i's n.
-    `rid`: None (fresh ids), one string, or one per prompt."""
-    total = sum(samples)
-    if rid is None:
-        return [(uuid.uuid4().hex, None) for _ in range(total)]
-    if not isinstance(rid, list):
-        if total == 1:
-            return [(rid, None)]
-        return [(f"{rid}-{k}", rid) for k in range(total)]
-    per_prompt = _per_prompt(rid, len(samples), "rid")
-    return [
-        (f"{r}-{k}", r) if n > 1 else (r, None) for r, n in zip(per_prompt, samples)
-        for k in range(n)
-    ]  # fmt: skip
-
-
 def _embedding_requests(
     prompt: Any, input_ids: Any, dimensions: int | None, rid: Any
 ) -> tuple[list[EmbeddingReqInput], bool]:
     items, is_list = _prompt_items(prompt, input_ids)
     rids = (
-        [None] * len(items) if rid is None else [r for r, _ in _sample_rids(rid, [1] * len(items))]
+        [None] * len(items) if rid is None else [r for r, _ in sample_rids(rid, [1] * len(items))]
     )
     reqs = [EmbeddingReqInput(**item, rid=r, dimensions=dimensions) for item, r in zip(items, rids)]
     return reqs, is_list
@@ -1027,23 +1010,6 @@ def _plain_ids(value: Any) -> Any:
     if all(type(v) is int for v in value):
         return list(value)
     return [_plain_ids(v) for v in value]
-
-
-def _option_per_prompt(name: str, value: Any, count: int) -> list[Any]:
-    """A generate option's value for each prompt; token_ids_logprob is itself a list,
-    so only a list of lists gives one per prompt."""
-    if name == "token_ids_logprob" and not (value and isinstance(value[0], list)):
-        return [value] * count
-    return _per_prompt(value, count, name)
-
-
-def _per_prompt(value: Any, count: int, name: str | None = None) -> list[Any]:
-    if isinstance(value, list):
-        if len(value) != count:
-            what = f"{name}: " if name else ""
-            raise ValueError(f"{what}got {len(value)} entries for {count} prompts")
-        return value
-    return [value] * count
 
 
 # Engines still running at interpreter exit are shut down (no orphan children).

@@ -26,6 +26,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     plan_choices,
     prompt_fields,
 )
+from sglang.srt.entrypoints.per_prompt import option_per_prompt, sample_rids
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.sampling.param_types import (
     Flag,
@@ -50,13 +51,14 @@ class GenerateRequest(UnsupportedSGLangFields):
     input_ids: Union[list[NonNegInt], list[list[NonNegInt]], None] = None
     # one dict for every prompt, or one per prompt (a batch), as SGLang's /generate
     sampling_params: Union[SamplingParamsSpec, list[SamplingParamsSpec], None] = None
-    rid: RequestId | None = None
-    stream: Flag = False
-    return_logprob: Flag = False
-    top_logprobs_num: TopLogprobsNum = 0
-    # one list for every prompt, or one per prompt (a batch), as SGLang's
+    # these, as SGLang's: one value for every prompt, or a list with one per prompt
+    rid: Union[RequestId, list[RequestId], None] = None
+    return_logprob: Union[Flag, list[Flag]] = False
+    top_logprobs_num: Union[TopLogprobsNum, list[TopLogprobsNum]] = 0
+    logprob_start_len: Union[LogprobStartLen, list[LogprobStartLen]] = -1
+    # ids, so a list of lists for one per prompt
     token_ids_logprob: Union[LogprobTokenIds, list[LogprobTokenIds], None] = None
-    logprob_start_len: LogprobStartLen = -1
+    stream: Flag = False
     return_text_in_logprobs: Flag = False
 
     def check_fields(self) -> None:
@@ -107,18 +109,18 @@ class GenerateRequest(UnsupportedSGLangFields):
             )
         return [_set_fields(p) for p in given]
 
-    def token_ids_per_prompt(self, num_prompts: int) -> list[list[int] | None]:
-        asked = self.token_ids_logprob
-        if not (asked and isinstance(asked[0], list)):
-            return [asked] * num_prompts
-        if len(asked) != num_prompts:
-            raise APIError(
-                f"token_ids_logprob has {len(asked)} lists for {num_prompts} prompts; give "
-                "one list for all, or one per prompt",
-                param="token_ids_logprob",
-                code="invalid_value",
-            )
-        return list(asked)
+    def options_per_prompt(self, num_prompts: int) -> list[dict[str, Any]]:
+        """Each prompt's logprob options (PER_PROMPT_OPTIONS), from one value or a list."""
+        columns = {}
+        for name in PER_PROMPT_OPTIONS:
+            try:
+                columns[name] = option_per_prompt(name, getattr(self, name), num_prompts)
+            except ValueError as exc:
+                raise APIError(str(exc), param=name, code="invalid_value") from None
+        return [{name: values[i] for name, values in columns.items()} for i in range(num_prompts)]
+
+
+PER_PROMPT_OPTIONS = ("return_logprob", "top_logprobs_num", "logprob_start_len", "token_ids_logprob")
 
 
 def _set_fields(params: SamplingParamsSpec | None) -> dict[str, Any]:
@@ -137,13 +139,21 @@ def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
         raise APIError("the prompt list is empty", param=param, code="invalid_value")
     prompt_param = "text" if request.text is not None else "input_ids"
     request_id = new_request_id("gen")
+    one_rid = None if isinstance(request.rid, list) else request.rid
     choices = plan_choices(
-        request_id, request.rid, request.params_dicts(len(prompts)), len(prompts), n,
-        prompt_param,
-    )  # fmt: skip
-    asked_ids = request.token_ids_per_prompt(len(prompts))
-    objs = [_one_input(request, prompts[i], p, rid, asked_ids[i]) for i, p, rid in choices]
-    return mark_samples(objs, request_id, request.rid)
+        request_id, one_rid, request.params_dicts(len(prompts)), len(prompts), n, prompt_param
+    )
+    options = request.options_per_prompt(len(prompts))
+    objs = [_one_input(request, prompts[i], p, rid, options[i]) for i, p, rid in choices]
+    if one_rid is not None or request.rid is None:
+        return mark_samples(objs, request_id, one_rid)
+    try:  # a rid per prompt: `<rid>-<k>` for its samples when n > 1
+        named = sample_rids(request.rid, [n] * len(prompts))
+    except ValueError as exc:
+        raise APIError(str(exc), param="rid", code="invalid_value") from None
+    for obj, (rid, parent) in zip(objs, named):
+        obj.rid, obj.parent_rid = rid, parent
+    return objs
 
 
 def _one_input(
@@ -151,18 +161,15 @@ def _one_input(
     prompt: str | list[int],
     params: dict[str, Any],
     rid: str,
-    token_ids_logprob: list[int] | None,
+    options: dict[str, Any],
 ) -> GenerateReqInput:
     return GenerateReqInput(
         **prompt_fields(prompt),
         sampling_params=params,
         rid=rid,
         stream=True,
-        return_logprob=request.return_logprob,
-        top_logprobs_num=request.top_logprobs_num,
-        token_ids_logprob=token_ids_logprob,
-        logprob_start_len=request.logprob_start_len,
         return_text_in_logprobs=request.return_text_in_logprobs,
+        **options,
     )
 
 
