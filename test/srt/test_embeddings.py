@@ -53,7 +53,8 @@ def model_dir(tiny_qwen3_dir, tmp_path_factory):
 def server(model_dir, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("embedding-server") / "server.log"
     srv = start_server(model_dir, log_path, "--is-embedding", "--served-model-name", "emb",
-                       "--chunked-prefill-size", str(CHUNK), "--context-length", "512")  # fmt: skip
+                       "--chunked-prefill-size", str(CHUNK), "--context-length", "512",
+                       "--log-requests")  # fmt: skip
     yield srv
     srv.stop()
 
@@ -238,3 +239,12 @@ def test_an_aborted_request_is_a_400_not_a_server_error(server):
 def test_health_and_model_info(server):
     assert requests.get(server.base_url + "/health_generate").status_code == 200
     assert requests.get(server.base_url + "/model_info").json()["is_generation"] is False
+
+
+def test_log_requests_logs_each_embedding_request(server):
+    # --log-requests logged generation requests only: an embedding server logged none
+    rid = "logged-embedding-request"
+    reply = requests.post(server.base_url + "/v1/embeddings",
+                          json={"model": "emb", "input": "a logged text", "rid": rid}, timeout=60)  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    assert any(f"request {rid}: prompt='a logged text'" in line for line in server.log().splitlines())

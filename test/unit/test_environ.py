@@ -60,6 +60,26 @@ def test_bad_value_names_the_variable(monkeypatch, name, raw):
         getattr(envs, name).get()
 
 
+@pytest.mark.parametrize("raw", ["-1", "0", "nan"])
+@pytest.mark.parametrize("name", ["SGLANG_HEALTH_TIMEOUT", "SGLANG_CHILD_READY_TIMEOUT",
+                                  "SGLANG_NUM_THREADS", "SGLANG_GRAMMAR_TIMEOUT"])  # fmt: skip
+def test_a_timeout_or_count_must_be_positive(monkeypatch, name, raw):
+    # SGLANG_HEALTH_TIMEOUT=-1 made /health 503 forever on a healthy server
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ValueError, match=f"{name}=.* (must be a number above 0|is not a valid)"):
+        getattr(envs, name).get()
+
+
+def test_resolution_refuses_a_bad_variable_at_start_up(monkeypatch):
+    # read per request, SGLANG_HEALTH_TIMEOUT=abc made every /health a 500: now the
+    # launcher refuses it (exit 2), as it does a bad flag
+    from sglang.srt.server_args import ServerArgs
+
+    monkeypatch.setenv("SGLANG_HEALTH_TIMEOUT", "abc")
+    with pytest.raises(ValueError, match="SGLANG_HEALTH_TIMEOUT='abc' is not a valid float"):
+        ServerArgs(model_path="org/m", device="cpu").resolve_once()
+
+
 def test_override_is_scoped(monkeypatch):
     monkeypatch.delenv("SGLANG_NUM_THREADS", raising=False)
     with envs.SGLANG_NUM_THREADS.override(2):

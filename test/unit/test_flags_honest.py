@@ -310,6 +310,12 @@ def test_flags_the_rest_of_the_config_leaves_unread_warn(caplog, tmp_path):
         ({"is_embedding": True, "reasoning_parser": "qwen3"}, "--reasoning-parser has no effect"),
         ({"is_embedding": True, "tool_call_parser": "qwen25"}, "--tool-call-parser has no effect"),
         ({"is_embedding": True, "stream_interval": 4}, "--stream-interval has no effect here"),
+        ({"is_embedding": True, "sampling_defaults": "openai"},
+         "--sampling-defaults has no effect here"),
+        ({"skip_tokenizer_init": True, "reasoning_parser": "qwen3"},
+         "--reasoning-parser has no effect here: skip_tokenizer_init"),
+        ({"skip_tokenizer_init": True, "tool_call_parser": "qwen25"},
+         "--tool-call-parser has no effect here: skip_tokenizer_init"),
     ],
 )  # fmt: skip
 def test_more_flags_the_config_leaves_unread_warn(caplog, fields, message):

@@ -8,10 +8,10 @@ from sglang.srt.managers.schedule_policy import (
     NewTokenRatio,
     PrefillBudget,
     SchedulePolicy,
-    effective_policy,
     pick_retractions,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs, resolution_result
 
 
 def make_req(rid: str, n_in: int = 4, n_out: int = 0, max_new: int = 16) -> Req:
@@ -72,9 +72,16 @@ def test_dfs_weight_admits_requests_matched_to_no_node():
 
 @pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
 def test_prefix_policies_without_a_radix_cache_run_fcfs(policy):
-    assert effective_policy(policy, radix_cache_disabled=True) == "fcfs"
-    assert effective_policy(policy, radix_cache_disabled=False) == policy
-    assert effective_policy("random", radix_cache_disabled=True) == "random"
+    # resolved in the config, so /server_info shows the fcfs that runs (it showed lpm)
+    def resolved(**fields):
+        args = ServerArgs(model_path="org/m", device="cpu", schedule_policy=policy, **fields)
+        return resolution_result(args.resolve_once(), "schedule_policy")
+
+    assert resolved(disable_radix_cache=True) == "fcfs"
+    assert resolved() == policy
+    random_policy = ServerArgs(model_path="org/m", device="cpu", schedule_policy="random",
+                               disable_radix_cache=True).resolve_once()  # fmt: skip
+    assert resolution_result(random_policy, "schedule_policy") == "random"
 
 
 def test_unknown_policy_is_rejected():

@@ -51,6 +51,7 @@ class EnvVar:
     default: Any
     help: str
     choices: tuple[str, ...] | None = None
+    positive: bool = False  # a number that must be > 0 (a timeout, a count)
 
     def is_set(self) -> bool:
         return self.name in os.environ
@@ -70,7 +71,10 @@ class EnvVar:
                     f"{self.name}={raw!r} is not accepted; choose one of {list(self.choices)}"
                 )
             return value
-        return _PARSERS[self.kind](self.name, raw)
+        value = _PARSERS[self.kind](self.name, raw)
+        if self.positive and not value > 0:  # NaN too
+            raise ValueError(f"{self.name}={raw!r} must be a number above 0")
+        return value
 
     def set(self, value: Any) -> None:
         os.environ[self.name] = _format(value)
@@ -134,10 +138,18 @@ class Envs:
         choices=("debug", "info", "warning", "error", "critical"),
     )
     SGLANG_NUM_THREADS = EnvVar(
-        "SGLANG_NUM_THREADS", "int", None, "Torch intra-op threads per process (CPU)."
+        "SGLANG_NUM_THREADS",
+        "int",
+        None,
+        "Torch intra-op threads per process (CPU).",
+        positive=True,
     )
     SGLANG_HEALTH_CHECK_TIMEOUT = EnvVar(
-        "SGLANG_HEALTH_CHECK_TIMEOUT", "float", 20.0, "Seconds /health_generate waits for a token."
+        "SGLANG_HEALTH_CHECK_TIMEOUT",
+        "float",
+        20.0,
+        "Seconds /health_generate waits for a token.",
+        positive=True,
     )
     SGLANG_HEALTH_TIMEOUT = EnvVar(
         "SGLANG_HEALTH_TIMEOUT",
@@ -145,6 +157,7 @@ class Envs:
         5.0,
         "Seconds /health waits for the scheduler to answer before it answers 503 "
         "(a scheduler that produced output within this window counts as answering).",
+        positive=True,
     )
     SGLANG_GRACEFUL_SHUTDOWN_TIMEOUT = EnvVar(
         "SGLANG_GRACEFUL_SHUTDOWN_TIMEOUT",
@@ -167,6 +180,7 @@ class Envs:
         300.0,
         "Seconds a constraint's compile may run before its requests fail with a 400 "
         "naming the constraint field (the compile finishes in the background, cached).",
+        positive=True,
     )
     SGLANG_FAULT_INJECT = EnvVar(
         "SGLANG_FAULT_INJECT",
@@ -181,6 +195,7 @@ class Envs:
         "float",
         600.0,
         "Seconds the launcher waits for a child process's ready message.",
+        positive=True,
     )
 
     SGLANG_DIST_TIMEOUT = EnvVar(
@@ -190,6 +205,7 @@ class Envs:
         "Seconds a tensor-parallel collective waits for its peers (gloo/nccl timeout). "
         "A rank whose process exits fails its peers' collective at once; a rank that "
         "stops answering (a node lost from the network) fails it after this long.",
+        positive=True,
     )
 
     SGLANG_CPU_KERNELS = EnvVar(
@@ -265,6 +281,14 @@ class Envs:
 
 # Variables another package defines and reads itself; registered because we read them too
 THIRD_PARTY_VARIABLES = ("TRITON_INTERPRET", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def check_environment() -> None:
+    """Parse every variable that is set: a bad value is a ValueError naming it, at
+    start-up, not a failure of the first request (or child) that reads it."""
+    for var in all_env_vars():
+        if var.is_set():
+            var.get()
 
 
 def all_env_vars() -> list[EnvVar]:

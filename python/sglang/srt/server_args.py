@@ -56,6 +56,7 @@ from sglang.srt.arg_groups.validation import (
     validate,
     warn_noops,
 )
+from sglang.srt.environ import check_environment
 
 __all__ = [
     "ServerArgs",
@@ -122,6 +123,7 @@ class ServerArgs(
                 if declared is not None:
                     stash.declare(*declared)
             validate(view, dataclasses.fields(self))
+            check_environment()  # SGLANG_* variables: refused at start-up as flags are
         except BaseException:
             del self.__dict__[STASH_ATTR]
             raise

@@ -21,6 +21,7 @@ from sglang.srt.arg_groups.attention_support import (
     config_head_dim,
     default_attention_backend,
 )
+from sglang.srt.arg_groups.schedule import PREFIX_POLICIES
 from sglang.srt.arg_groups.spec import DRAFT_MODEL_ALGORITHMS
 from sglang.srt.configs.context_length import (
     check_context_override,
@@ -256,6 +257,16 @@ def resolve_detokenizer_mode(c: Any) -> Resolved:
     return "detokenizer_mode_by_device", {"detokenizer_mode": "inline" if inline else "process"}
 
 
+def resolve_schedule_policy(c: Any) -> Resolved:
+    """A prefix-aware policy orders by cached prefixes: with --disable-radix-cache there
+    are none, and the queue is served first come, first served (as SGLang does)."""
+    if c.schedule_policy not in PREFIX_POLICIES or not c.disable_radix_cache:
+        return None
+    logger.warning("--schedule-policy %s orders by cached prefixes; with --disable-radix-cache "
+                   "there are none: fcfs instead", c.schedule_policy)  # fmt: skip
+    return "radix_cache_disabled", {"schedule_policy": "fcfs"}
+
+
 def resolve_grammar_backend(c: Any) -> Resolved:
     if c.grammar_backend is not None:
         return None
@@ -330,6 +341,7 @@ RESOLVERS: tuple[Resolver, ...] = (
     resolve_chunked_prefill_size,
     resolve_mem_fraction_static,
     resolve_random_seed,
+    resolve_schedule_policy,
     resolve_grammar_backend,
     resolve_detokenizer_mode,
     resolve_from_env,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sglang.srt.arg_groups.arg_utils import arg
 
 SCHEDULE_POLICY_CHOICES = ("fcfs", "lpm", "dfs-weight", "random")
+PREFIX_POLICIES = ("lpm", "dfs-weight")  # they order by cached prefixes: need the radix cache
 # SGLang's overlap scheduler prepares step N+1 while step N runs; this one never does (on
 # two CPU cores the scheduler's 0.04-0.23 ms a step could only run on a core the forward
 # uses: benchmark/RESULTS.md), so every schedule already is what the flag asks for.

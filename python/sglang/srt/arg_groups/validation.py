@@ -348,10 +348,16 @@ def context_noops(c: Any, typed: Any, defaults: dict[str, Any]) -> list[tuple[st
                 out.append((name, "an embedding server (--is-embedding) serves no chat"))
         if c.stream_interval != defaults["stream_interval"]:
             out.append(("stream_interval", "an embedding server (--is-embedding) streams nothing"))
+        if c.sampling_defaults != defaults["sampling_defaults"]:
+            out.append(("sampling_defaults", "an embedding server (--is-embedding) samples nothing"))
     if c.grammar_backend == "none" and c.constrained_json_disable_any_whitespace:
         out.append(("constrained_json_disable_any_whitespace", "grammar_backend is none"))
     if c.skip_tokenizer_init and typed.tokenizer_path is not None:
         out.append(("tokenizer_path", "skip_tokenizer_init loads no tokenizer"))
+    if c.skip_tokenizer_init and not c.is_embedding:
+        for name in ("chat_template", "reasoning_parser", "tool_call_parser"):
+            if getattr(c, name) is not None:
+                out.append((name, "skip_tokenizer_init loads no tokenizer: chat is refused"))
     return out
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sglang.srt.arg_groups.schedule import PREFIX_POLICIES
 from sglang.srt.managers.schedule_batch import Req
 
 logger = logging.getLogger(__name__)
@@ -24,20 +25,6 @@ PREFIX_POLICY_MAX_QUEUE = 128
 # by a stream of requests that share one.
 PREFIX_POLICY_MAX_WAIT_S = 5.0
 
-
-PREFIX_POLICIES = ("lpm", "dfs-weight")
-
-
-def effective_policy(policy: str, radix_cache_disabled: bool) -> str:
-    """The policy the scheduler runs: a prefix-aware one needs the radix cache, so
-    without it the queue is served first come, first served (as SGLang does), logged."""
-    if policy in PREFIX_POLICIES and radix_cache_disabled:
-        logger.warning(
-            "--schedule-policy %s orders by cached prefixes; with --disable-radix-cache "
-            "there are none: fcfs instead", policy,
-        )  # fmt: skip
-        return "fcfs"
-    return policy
 
 
 class SchedulePolicy:
@@ -52,7 +39,7 @@ class SchedulePolicy:
     def order(self, waiting: list[Req], match: Callable[[Req], tuple[int, Any]]) -> list[Req]:
         """A new list: the admission order for this step (stable within ties)."""
         policy = self.policy
-        if policy in ("lpm", "dfs-weight") and len(waiting) > PREFIX_POLICY_MAX_QUEUE:
+        if policy in PREFIX_POLICIES and len(waiting) > PREFIX_POLICY_MAX_QUEUE:
             policy = "fcfs"
         if policy == "fcfs":
             return list(waiting)

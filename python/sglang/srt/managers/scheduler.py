@@ -22,7 +22,7 @@ from sglang.srt.managers.detokenizer_manager import silent_token_ids
 from sglang.srt.managers.fault_injection import FaultInjector
 from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch, finish_abort
-from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy, effective_policy
+from sglang.srt.managers.schedule_policy import NewTokenRatio, SchedulePolicy
 from sglang.srt.managers.scheduler_parts.admission import SchedulerAdmissionMixin
 from sglang.srt.managers.scheduler_parts.embedding import SchedulerEmbeddingMixin
 from sglang.srt.managers.scheduler_parts.faults import SchedulerFaultsMixin
@@ -99,11 +99,8 @@ class Scheduler(
         )
 
     def _init_config(self) -> None:
-        sched, mem = get_schedule(), get_memory()
-        self.policy = SchedulePolicy(
-            effective_policy(sched.schedule_policy, mem.disable_radix_cache),
-            seed=get_exec().random_seed or 0,
-        )
+        sched, mem = get_schedule(), get_memory()  # fcfs without a radix cache (resolvers.py)
+        self.policy = SchedulePolicy(sched.schedule_policy, seed=get_exec().random_seed or 0)
         self.chunked_prefill_size = sched.chunked_prefill_size
         self.max_prefill_tokens = sched.max_prefill_tokens
         self.enable_mixed_chunk = sched.enable_mixed_chunk
@@ -235,7 +232,7 @@ class Scheduler(
                 busy_s = self.forward_clock.busy_for_s()
                 if busy_s is not None and busy_s > timeout_s:
                     logger.error(
-                        "a forward pass ran past watchdog_timeout=%.0f s; exiting", timeout_s
+                        "a forward pass ran past watchdog_timeout=%g s; exiting", timeout_s
                     )
                     os._exit(1)
 

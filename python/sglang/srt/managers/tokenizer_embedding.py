@@ -82,6 +82,8 @@ class TokenizerEmbeddingMixin:
             await _wait_finished(state)
         finally:
             self._release(state)
+        if self.log_requests:  # --log-requests: one line per request, as for generation
+            self._log_finished(state)
         return self._embedding_output(state)
 
     async def _tokenize_embedding_off_loop(

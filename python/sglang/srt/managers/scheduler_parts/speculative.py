@@ -28,8 +28,8 @@ import torch
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.managers.fault_injection import is_fatal
 from sglang.srt.managers.request_errors import internal_error_reason
-from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.schedule_batch import logprob_token_ids
+from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
 from sglang.srt.model_executor.model_runner import RunnerSettings
 from sglang.srt.runtime_context import get_spec
