@@ -54,7 +54,7 @@ def server(model_dir, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("embedding-server") / "server.log"
     srv = start_server(model_dir, log_path, "--is-embedding", "--served-model-name", "emb",
                        "--chunked-prefill-size", str(CHUNK), "--context-length", "512",
-                       "--log-requests")  # fmt: skip
+                       "--log-requests", "--log-level", "info")  # fmt: skip
     yield srv
     srv.stop()
 
