@@ -131,3 +131,15 @@ def test_a_dtype_alias_resolves_to_the_dtype_that_runs(tmp_path, alias, dtype):
     assert sa.dtype == alias  # the record keeps what was typed
     assert resolution_result(sa, "dtype") == dtype
     assert stash_of(sa).sources_of("dtype") == ["dtype_alias"]
+
+
+def test_kv_cache_dtype_bf16_is_sglangs_name_for_bfloat16(tmp_path):
+    # SGLang's --kv-cache-dtype choices name it bf16: it was an argparse error here
+    from sglang.srt.arg_groups.overrides import resolution_result, stash_of
+    from sglang.srt.server_args import prepare_server_args
+
+    sa = prepare_server_args(["--model-path", _checkpoint(tmp_path, "float32"), "--device",
+                              "cpu", "--kv-cache-dtype", "bf16"])  # fmt: skip
+    sa.resolve_once()
+    assert resolution_result(sa, "kv_cache_dtype") == "bfloat16"
+    assert stash_of(sa).sources_of("kv_cache_dtype") == ["dtype_alias"]

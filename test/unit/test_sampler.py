@@ -182,6 +182,20 @@ def test_logprobs_and_top_logprobs():
     assert out.top_logprobs[0][0][1] == ids[0].item()
 
 
+def test_a_rows_top_logprobs_do_not_depend_on_its_neighbours_k():
+    # a grammar leaves 2 tokens, the request asks for 3: its third entry is one of many
+    # tied -inf tokens; which one must not change with a batch neighbour asking for 60
+    # (one topk over the batch at the largest k picked other tied ids)
+    logits = torch.randn(2, 4096, generator=torch.Generator().manual_seed(0))
+    logits[0, :] = float("-inf")
+    logits[0, 5], logits[0, 9] = 1.0, 0.5
+    info = _info([SamplingParams(temperature=0.0)] * 2)
+    alone = Sampler()(logits[:1], _info([SamplingParams(temperature=0.0)]), True, [3])
+    together = Sampler()(logits, info, True, [3, 60])
+    assert together.top_logprobs[0] == alone.top_logprobs[0]
+    assert [t for _, t in alone.top_logprobs[0][:2]] == [5, 9] and len(together.top_logprobs[1]) == 60
+
+
 @pytest.mark.parametrize(
     "field, value",
     [

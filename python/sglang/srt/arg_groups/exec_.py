@@ -13,7 +13,8 @@ from sglang.srt.arg_groups.arg_utils import arg
 ATTENTION_BACKEND_CHOICES = ("torch_native", "triton", "flashinfer")
 SAMPLING_BACKEND_CHOICES = ("pytorch", "flashinfer")
 FP8_KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
-KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", *FP8_KV_DTYPES)
+# "bf16": SGLang's name for bfloat16 (resolved to it, source dtype_alias)
+KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", "bf16", *FP8_KV_DTYPES)
 GRAMMAR_BACKEND_CHOICES = ("xgrammar", "outlines", "llguidance", "none")
 CUDA_GRAPHS_ON_CPU = "CUDA graphs exist only on CUDA devices"
 

@@ -143,6 +143,12 @@ def _config_dtype(config: dict[str, Any] | None) -> str:
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
 
+def resolve_kv_cache_dtype(c: Any) -> Resolved:
+    if c.kv_cache_dtype == "bf16":  # SGLang's name
+        return "dtype_alias", {"kv_cache_dtype": "bfloat16"}
+    return None
+
+
 def resolve_dtype(c: Any) -> Resolved:
     if c.dtype in DTYPE_ALIASES:
         return "dtype_alias", {"dtype": DTYPE_ALIASES[c.dtype]}
@@ -335,6 +341,7 @@ RESOLVERS: tuple[Resolver, ...] = (
     resolve_tokenizer_path,
     resolve_served_model_name,
     resolve_context_length,
+    resolve_kv_cache_dtype,
     resolve_dtype,
     resolve_attention_backend,
     resolve_sampling_backend,

@@ -32,13 +32,16 @@ def listed(logprobs: torch.Tensor, k: int, token_ids: list[int] | None) -> list[
 def listed_per_row(
     logprobs: torch.Tensor, nums: list[int], token_ids: list[list[int]] | None
 ) -> list[list[tuple]]:
-    """As `listed`, each row with its own k (`nums[r]`) and ids (`token_ids[r]`)."""
-    k = max(nums, default=0)
+    """As `listed`, each row with its own k (`nums[r]`) and ids (`token_ids[r]`). Rows
+    are ranked with their own k: which of several tied values (the -inf of tokens a
+    grammar forbids) make a top list depends on k, and a row's list must not depend
+    on what its batch neighbours ask for."""
     rows: list[list[tuple]] = [[] for _ in range(logprobs.shape[0])]
-    if k > 0:
-        values, ids = logprobs.topk(k, dim=-1)
-        values_l, ids_l = values.tolist(), ids.tolist()
-        rows = [list(zip(values_l[r][:n], ids_l[r][:n])) for r, n in enumerate(nums)]
+    for k in set(nums) - {0}:
+        chosen = [r for r, n in enumerate(nums) if n == k]
+        index = torch.tensor(chosen, dtype=torch.int64, device=logprobs.device)
+        for r, row in zip(chosen, listed(logprobs.index_select(0, index), k, None)):
+            rows[r] = row
     for r, asked in enumerate(token_ids or ()):
         if asked:
             rows[r].extend(listed(logprobs[r : r + 1], 0, asked)[0])
