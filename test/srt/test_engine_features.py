@@ -59,6 +59,8 @@ def test_single_and_batch_shapes(engine):
     assert set(one) == {"text", "output_ids", "meta_info"}
     assert len(one["output_ids"]) == 5 and one["meta_info"]["completion_tokens"] == 5
     assert 0.0 <= one["meta_info"]["queue_time"] < 60.0  # arrival -> first prefill, seconds
+    # SGLang's e2e_latency: arrival -> finish, seconds (set once the request finished)
+    assert one["meta_info"]["queue_time"] < one["meta_info"]["e2e_latency"] < 60.0
     batch = engine.generate([PROMPT, "import os"], [greedy(3), greedy(4)])
     assert [len(o["output_ids"]) for o in batch] == [3, 4]
     assert batch[0]["output_ids"] == one["output_ids"][:3]

@@ -186,6 +186,7 @@ class ReqState:
     reported: ReportedLogprobs | None = None  # with return_logprob, made on first output
     scheduler_done: bool = False  # the scheduler sent its finish: no more outputs come
     abandoned_at: float | None = None  # the caller left before that finish (monotonic s)
+    created_s: float = field(default_factory=time.monotonic)  # arrival here (monotonic s)
 
 
 @dataclass
@@ -644,6 +645,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         }
         if state.queue_time_s is not None:
             meta["queue_time"] = state.queue_time_s
+        if state.finished_reason is not None:  # SGLang's: seconds from arrival to the end
+            meta["e2e_latency"] = time.monotonic() - state.created_s
         if state.spec_verify_ct is not None:
             meta["spec_verify_ct"] = state.spec_verify_ct
         if state.obj.return_logprob:
