@@ -248,3 +248,19 @@ def test_log_requests_logs_each_embedding_request(server):
                           json={"model": "emb", "input": "a logged text", "rid": rid}, timeout=60)  # fmt: skip
     assert reply.status_code == 200, reply.text
     assert any(f"request {rid}: prompt='a logged text'" in line for line in server.log().splitlines())
+
+
+def test_native_encode_route(server, tokenizer, hf_model):
+    # SGLang's /encode: {"text"} or {"input_ids"}, one prompt or a list; it was a 404
+    one = requests.post(server.base_url + "/encode", json={"text": PROMPTS[1]}, timeout=60).json()
+    ids = tokenizer.encode(PROMPTS[1])
+    assert_close(np.array(one["embedding"]), hf_embedding(hf_model, ids))
+    assert one["meta_info"]["prompt_tokens"] == len(ids)
+    batch = requests.post(server.base_url + "/encode", json={"input_ids": [ids, ids[:3]]},
+                          timeout=60).json()  # fmt: skip
+    assert [len(out["embedding"]) for out in batch] == [len(one["embedding"])] * 2
+    assert_close(np.array(batch[0]["embedding"]), np.array(one["embedding"]))
+    for body, param in (({}, "text"), ({"text": []}, "text"), ({"input_ids": [[]]}, "input_ids"),
+                        ({"text": "a", "input_ids": [1]}, "text")):  # fmt: skip
+        reply = requests.post(server.base_url + "/encode", json=body, timeout=60)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text

@@ -162,6 +162,9 @@ def test_generation_server_refuses_embeddings():
     assert response.status_code == 400
     error = response.json()["error"]
     assert "--is-embedding" in error["message"] and error["code"] == "model_not_embedding"
+    with make_client(FakeTokenizerManager()) as client:  # the native /encode too
+        error = client.post("/encode", json={"text": "a"}).json()["error"]
+    assert error["code"] == "model_not_embedding"
 
 
 def test_openai_sdk_default_base64_decodes(client):

@@ -51,7 +51,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_base import MODEL_ALIASES
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from sglang.srt.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
+from sglang.srt.entrypoints.openai.serving_embedding import EncodeRequest, OpenAIServingEmbedding
 from sglang.srt.entrypoints.openai.serving_native import GenerateRequest, NativeServing
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingTokenize
 from sglang.srt.entrypoints.openapi_bodies import install_body_schemas
@@ -153,6 +153,12 @@ async def completions(raw_request: Request) -> Response:
 async def embeddings(raw_request: Request) -> Response:
     request = await parse_body(raw_request, EmbeddingRequest)
     return await server_state(raw_request).embedding.handle(request, raw_request)
+
+
+@router.post("/encode")
+async def encode(raw_request: Request) -> Response:
+    request = await parse_body(raw_request, EncodeRequest)
+    return await server_state(raw_request).embedding.handle_native(request, raw_request)
 
 
 @router.post("/v1/tokenize")
@@ -401,6 +407,7 @@ POST_BODIES: dict[str, type[BaseModel]] = {
     "/v1/completions": CompletionRequest,
     "/generate": GenerateRequest,
     "/v1/embeddings": EmbeddingRequest,
+    "/encode": EncodeRequest,
     "/v1/tokenize": TokenizeRequest,
     "/tokenize": TokenizeRequest,
     "/v1/detokenize": DetokenizeRequest,

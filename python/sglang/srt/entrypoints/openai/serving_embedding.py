@@ -1,4 +1,6 @@
-"""/v1/embeddings: OpenAI's embeddings API over `TokenizerManager.encode_request`.
+"""/v1/embeddings: OpenAI's embeddings API over `TokenizerManager.encode_request`;
+/encode: SGLang's native one (`{"text"}` or `{"input_ids"}`, one prompt or a list;
+answers `{"embedding", "meta_info"}`, or a list of those, as `Engine.encode`).
 
 Each input (a text or a token-id list) is one embedding request; they are sent
 together, so the scheduler batches them. `encoding_format` "base64" answers each
@@ -12,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import ConfigDict
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import (
@@ -29,6 +32,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     EmbeddingRequest,
     EmbeddingResponse,
     EmbeddingUsage,
+    UnsupportedSGLangFields,
 )
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_STATUS,
@@ -42,22 +46,24 @@ from sglang.srt.entrypoints.openai.serving_base import (
 from sglang.srt.managers.io_struct import EmbeddingReqInput
 from sglang.srt.managers.tokenizer_embedding import EMBEDDING_REFUSED
 from sglang.srt.observability.metrics import ServerMetrics
+from sglang.srt.sampling.param_types import NonNegInt, RequestId, strict
 
 logger = logging.getLogger(__name__)
 EmbeddingPrompt = str | list[int]
 
 
-def split_inputs(value: Any) -> list[EmbeddingPrompt]:
-    """A text, texts, token ids or lists of token ids -> one prompt per input."""
+def split_inputs(value: Any, param: str = "input") -> list[EmbeddingPrompt]:
+    """A text, texts, token ids or lists of token ids (the request's field `param`) ->
+    one prompt per input."""
     if isinstance(value, str):
         return [value]
     if not value:
-        raise APIError("input must not be empty", param="input", code="invalid_value")
+        raise APIError(f"{param} must not be empty", param=param, code="invalid_value")
     if all(isinstance(v, int) for v in value):
         return [list(value)]
     if any(isinstance(v, list) and not v for v in value):
-        raise APIError("a token-id input must not be empty", param="input", code="invalid_value")
-    check_input_count(len(value), "input")
+        raise APIError("a token-id input must not be empty", param=param, code="invalid_value")
+    check_input_count(len(value), param)
     return list(value)
 
 
@@ -70,6 +76,22 @@ def encode_vector(vector: list[float], encoding_format: str) -> list[float] | st
 def _input_param(path: str) -> str:
     """A runtime error's field (`text`, `input_ids`) is the route's `input`."""
     return "input" if path in ("text", "input_ids") else path
+
+
+class EncodeRequest(UnsupportedSGLangFields):
+    """The body of SGLang's native `/encode`."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: Union[strict(str, min_length=1), list[strict(str, min_length=1)], None] = None
+    input_ids: Union[list[NonNegInt], list[list[NonNegInt]], None] = None
+    rid: RequestId | None = None
+    dimensions: strict(int, ge=1) | None = None
+
+    def prompt_field(self) -> str:
+        if (self.text is None) == (self.input_ids is None):
+            raise APIError("give exactly one of text and input_ids", param="text",
+                           code="invalid_value")  # fmt: skip
+        return "text" if self.text is not None else "input_ids"
 
 
 class OpenAIServingEmbedding:
@@ -88,18 +110,41 @@ class OpenAIServingEmbedding:
             return Response(status_code=CLIENT_CLOSED_STATUS)
         return JSONResponse(self.build_response(request, outputs).model_dump())
 
+    async def handle_native(self, request: EncodeRequest, raw_request: Request | None) -> Response:
+        """/encode: each prompt's `{"embedding", "meta_info"}`; a list for a list."""
+        if not self.tokenizer_manager.is_embedding:
+            raise APIError(EMBEDDING_REFUSED, param=None, code="model_not_embedding")
+        field = request.prompt_field()
+        given = getattr(request, field)
+        prompts = split_inputs(given, field)
+        objs = self._inputs(prompts, request.rid, request.dimensions)
+        try:
+            outputs = await self._collect(objs, raw_request, param_of=lambda path: path)
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+        is_batch = not isinstance(given, str) and not all(isinstance(v, int) for v in given)
+        return JSONResponse(outputs if is_batch else outputs[0])
+
     def prepare(self, request: EmbeddingRequest) -> list[EmbeddingReqInput]:
-        prompts = split_inputs(request.input)
+        return self._inputs(split_inputs(request.input), request.rid, request.dimensions)
+
+    @staticmethod
+    def _inputs(
+        prompts: list[EmbeddingPrompt], rid: str | None, dimensions: int | None
+    ) -> list[EmbeddingReqInput]:
         request_id = new_request_id("embd")
-        rids = choice_rids(request_id, request.rid, len(prompts))
+        rids = choice_rids(request_id, rid, len(prompts))
         objs = [
-            EmbeddingReqInput(**prompt_fields(p), rid=rid, dimensions=request.dimensions)
-            for p, rid in zip(prompts, rids)
+            EmbeddingReqInput(**prompt_fields(p), rid=r, dimensions=dimensions)
+            for p, r in zip(prompts, rids)
         ]
-        return mark_samples(objs, request_id, request.rid)
+        return mark_samples(objs, request_id, rid)
 
     async def _collect(
-        self, objs: list[EmbeddingReqInput], raw_request: Request | None
+        self,
+        objs: list[EmbeddingReqInput],
+        raw_request: Request | None,
+        param_of: Any = _input_param,
     ) -> list[dict[str, Any]]:
         """Every input's output. On the first failure, or when the client goes away
         (ClientDisconnected), the others are cancelled, which aborts them in the
@@ -121,8 +166,8 @@ class OpenAIServingEmbedding:
             await asyncio.gather(every, return_exceptions=True)
             if isinstance(exc, ClientDisconnected):
                 raise
-            error = to_api_error(exc, _input_param)
-            error.param = error.param and _input_param(error.param)
+            error = to_api_error(exc, param_of)
+            error.param = error.param and param_of(error.param)
             raise error from None
         finally:
             if watch is not None:
