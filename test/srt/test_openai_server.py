@@ -147,7 +147,7 @@ def test_generate_token_ids_logprob_batch_and_errors(server):
         assert asked[0][0] == pytest.approx(meta["output_top_logprobs"][0][0][0], abs=1e-5)
     assert [len(e) for e in outs[1]["meta_info"]["output_token_ids_logprobs"]] == [2, 2, 2]
     for bad, message in [
-        ({"token_ids_logprob": [[1]]}, "1 lists for 2 prompts"),
+        ({"token_ids_logprob": [[1]]}, "got 1 entries for 2 prompts"),
         ({"token_ids_logprob": [8192]}, "outside the vocabulary"),
         ({"token_ids_logprob": [1], "return_logprob": False}, "with return_logprob"),
         ({"token_ids_logprob": ["x"]}, "token_ids_logprob"),
