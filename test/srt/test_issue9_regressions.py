@@ -234,6 +234,9 @@ def test_http_server_skip_tokenizer_init_warms_up_and_serves_ids(no_tokenizer_se
     reply = requests.post(url + "/v1/completions", json=body, timeout=60)
     assert reply.status_code == 200, reply.text
     assert len(reply.json()["choices"][0]["logprobs"]["token_logprobs"]) == 3
+    # echo has no text to echo: a 400 naming it (it was a 500)
+    reply = requests.post(url + "/v1/completions", json={**body, "echo": True}, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "echo", reply.text
 
 
 def test_http_abort_request_reports_whether_found(no_tokenizer_server):

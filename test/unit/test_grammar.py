@@ -476,6 +476,9 @@ UNENFORCEABLE = {
     "pattern_with_raw_newline": {"type": "string", "pattern": "^\n$"},
     "pattern_with_quote": {"type": "string", "pattern": '^"\\\\$'},
     "pattern_with_control_class": {"type": "string", "pattern": "^[\\x00-\\x1f]{2}$"},
+    "number_range_as_type_list": {"type": ["number", "null"], "minimum": 1e-7, "maximum": 2e-7},
+    "format_with_tight_maxLength": {"type": "string", "format": "email", "maxLength": 10},
+    "pattern_longer_than_maxLength": {"type": "string", "pattern": "^[A-Z]{3,5}$", "maxLength": 4},
 }  # fmt: skip
 _PETS = {"Cat": {"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]},
          "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"]}}
@@ -498,6 +501,14 @@ ENFORCEABLE = [
     {"type": "string", "pattern": "^[ -~]+$"},  # xgrammar's Regex form: no raw controls
     {"type": "string", "pattern": "^\\d+\\.\\w\\s?$"},
     {"type": "string", "maxLength": 3},
+    # limits a pattern or format implies, or a cap that cannot bind (pydantic's HttpUrl)
+    {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083},
+    {"type": "string", "pattern": "^[A-Z]{3}$", "maxLength": 3},
+    {"type": "string", "format": "uuid", "maxLength": 36},
+    # classes that exclude the characters JSON escapes, or name '"' inside a class
+    {"type": "string", "pattern": '^[^"]+$'},
+    {"type": "string", "pattern": "^[^\\\\/]+$"},
+    {"type": "string", "pattern": '^[a-z"]+$'},
 ]
 
 
@@ -566,3 +577,28 @@ def test_a_malformed_structural_tag_says_what_is_wrong(backend, spec, message):
         backend.compile(GrammarKey("structural_tag", json.dumps(spec)))
     assert str(info.value).startswith("invalid structural_tag: ") and message in str(info.value)
     assert info.value.param == "structural_tag"
+
+
+def test_xgrammars_structural_tag_form_is_checked_and_limited(tokenizer):
+    """xgrammar's own form gets the json_schema refusals too (an unenforceable schema
+    was served), and an XML-style part the whitespace limit (it wrote 1,923 spaces)."""
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    backend = XGrammarBackend(tokenizer, MODEL_VOCAB, [eos], any_whitespace=True)
+
+    def tag(content: dict) -> GrammarKey:
+        spec = {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "end": "</f>",
+                                                     "content": content}}  # fmt: skip
+        return GrammarKey("structural_tag", json.dumps(spec))
+
+    bad = {"type": "json_schema", "json_schema": {"type": "string", "pattern": '^a"b$'}}
+    with pytest.raises(InvalidGrammarError, match="cannot be enforced: a 'pattern'"):
+        backend.compile(tag(bad))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    xml = {"type": "json_schema", "json_schema": schema, "style": "qwen_xml"}
+    grammar = backend.new_grammar(backend.compile(tag(xml)))
+    assert all(grammar.accept_token(t) for t in tokenizer.encode("<f>", add_special_tokens=False))
+    (newline,) = tokenizer.encode("\n", add_special_tokens=False)
+    accepted = 0
+    while accepted <= MAX_JSON_WHITESPACE and grammar.accept_token(newline):
+        accepted += 1
+    assert accepted <= MAX_JSON_WHITESPACE

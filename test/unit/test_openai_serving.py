@@ -312,6 +312,9 @@ def test_too_long_prompt_is_400(client, tm):
     error = assert_error(too_much, 400, "messages")
     assert error["message"].startswith("Requested token count exceeds the model's maximum context")
     assert "plus 1000000 max_tokens" in error["message"]
+    too_much = client.post("/v1/chat/completions",
+                           json=chat_body(messages=short, max_completion_tokens=10**6))  # fmt: skip
+    assert "plus 1000000 max_completion_tokens" in too_much.json()["error"]["message"]
     body = {"model": MODEL, "prompt": long_text, "max_tokens": 2}
     assert assert_error(client.post("/v1/completions", json=body), 400, "prompt")["code"] == (
         "context_length_exceeded"

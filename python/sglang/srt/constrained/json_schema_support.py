@@ -17,9 +17,12 @@ union has).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
+
+from sglang.srt.constrained.string_keywords import string_reason
 
 IGNORED_KEYWORDS = (
     "not",
@@ -67,7 +70,7 @@ def _node_reason(node: dict[str, Any], root: Any) -> str | None:
     if values is not None and kinds is not None and not all(_fits(v, node) for v in values):
         # the backend allows every listed value, ignoring `type`
         return "'enum'/'const' lists a value that its 'type' does not allow"
-    reason = _string_reason(node) or _number_range_reason(node)
+    reason = string_reason(node) or _number_range_reason(node)
     if reason is not None:
         return reason
     required = node.get("required")
@@ -79,59 +82,11 @@ def _node_reason(node: dict[str, Any], root: Any) -> str | None:
     return None
 
 
-def _string_reason(node: dict[str, Any]) -> str | None:
-    """xgrammar drops a string's length limits next to `pattern` / `format`, and writes
-    a pattern's literal characters unescaped: a control character, '"' or a backslash
-    would break the JSON text (its Regex form, for richer patterns, leaves them out)."""
-    shaped = [k for k in ("pattern", "format") if k in node]
-    sized = [k for k in ("minLength", "maxLength") if k in node]
-    if shaped and sized:
-        return f"{sized[0]!r} together with {shaped[0]!r} is not enforced by the grammar backend"
-    pattern = node.get("pattern")
-    if isinstance(pattern, str) and _escapes_in_json(pattern):
-        return (
-            "a 'pattern' naming a control character, '\"' or '\\' is enforced on the JSON "
-            "text, not on the string it encodes"
-        )
-    return None
-
-
-_CONTROL_ESCAPES = frozenset("nrtfvae0c")  # \n, \t, ... and \cX: control characters
-
-
-def _escapes_in_json(pattern: str) -> bool:
-    """Whether the regex names a character JSON must escape in a string (a literal or a
-    class bound: U+0000-U+001F, '"', '\\'), by its escapes or raw."""
-    i = 0
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "\\" and i + 1 < len(pattern):
-            escaped = pattern[i + 1]
-            if escaped in _CONTROL_ESCAPES or escaped in '"\\':
-                return True
-            digits = {"x": 2, "u": 4}.get(escaped)
-            if digits is not None and _needs_escape(pattern[i + 2 : i + 2 + digits]):
-                return True
-            i += 2
-            continue
-        if ord(char) < 0x20 or char == '"':
-            return True
-        i += 1
-    return False
-
-
-def _needs_escape(hex_digits: str) -> bool:
-    try:
-        code = int(hex_digits, 16)
-    except ValueError:
-        return False
-    return code < 0x20 or code in (0x22, 0x5C)
-
-
 def _number_range_reason(node: dict[str, Any]) -> str | None:
     """xgrammar writes a bounded number with at most 6 decimals: a range holding no such
     number compiles to an empty value (invalid JSON that ends with "stop")."""
-    if node.get("type") != "number":
+    types = node.get("type")
+    if "number" not in (types if isinstance(types, list) else [types]):
         return None
     low, low_open = _bound(node, "minimum", "exclusiveMinimum", max)
     high, high_open = _bound(node, "maximum", "exclusiveMaximum", min)
@@ -154,7 +109,7 @@ def _bound(node: dict[str, Any], closed: str, opened: str, pick) -> tuple[Decima
     found = []
     for name, is_open in ((closed, False), (opened, True)):
         value = node.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             found.append((Decimal(repr(value)), is_open))
     if not found:
         return None, False

@@ -175,17 +175,14 @@ def _from_sglang_form(spec: dict[str, Any]) -> xgr.StructuralTag:
 
 
 def _with_json_whitespace(node: Any, any_whitespace: bool) -> Any:
-    """`node` (a structural tag's part) with the whitespace rule json_schema has for
-    every JSON part that sets none: runs of at most MAX_JSON_WHITESPACE, or none (the
-    compact JSON of from_json_schema, as a grammar: a limit must be positive). Without
-    one a weak model may write whitespace until its length runs out."""
+    """`node` (a structural tag's part) with every JSON-schema part checked (a schema
+    the backend cannot enforce is refused, as for json_schema) and given the whitespace
+    rule json_schema has, unless it sets its own: runs of at most MAX_JSON_WHITESPACE,
+    or none (the compact JSON of from_json_schema, as a grammar: a limit must be
+    positive; XML-style parts allow single spaces). Without one a weak model may write
+    whitespace until its length runs out."""
     if isinstance(node, JSONSchemaFormat):
-        if node.style != "json" or node.max_whitespace_cnt is not None:
-            return node
-        if any_whitespace:
-            return node.model_copy(update={"max_whitespace_cnt": MAX_JSON_WHITESPACE})
-        compact = xgr.Grammar.from_json_schema(json.dumps(node.json_schema), any_whitespace=False)
-        return GrammarFormat(grammar=str(compact))
+        return _limited_json_part(node, any_whitespace)
     if isinstance(node, pydantic.BaseModel):
         names = type(node).model_fields
         limited = {
@@ -195,6 +192,21 @@ def _with_json_whitespace(node: Any, any_whitespace: bool) -> Any:
     if isinstance(node, list):
         return [_with_json_whitespace(item, any_whitespace) for item in node]
     return node
+
+
+def _limited_json_part(part: JSONSchemaFormat, any_whitespace: bool) -> Any:
+    reason = unsupported_feature(part.json_schema)
+    if reason is not None:
+        raise InvalidGrammarError(
+            f"a JSON schema of the structural_tag cannot be enforced: {reason}", STRUCTURAL_TAG
+        )
+    if part.max_whitespace_cnt is not None:
+        return part
+    if any_whitespace or part.style != "json":
+        limit = MAX_JSON_WHITESPACE if any_whitespace else 1
+        return part.model_copy(update={"max_whitespace_cnt": limit})
+    compact = xgr.Grammar.from_json_schema(json.dumps(part.json_schema), any_whitespace=False)
+    return GrammarFormat(grammar=str(compact))
 
 
 def _first_line(exc: Exception) -> str:

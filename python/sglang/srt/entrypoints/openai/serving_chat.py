@@ -144,9 +144,10 @@ class OpenAIServingChat(OpenAIServingBase):
             )
             raise APIError(message, param="messages", code="context_length_exceeded")
         if asked is not None and prompt_len + asked > context_len:
+            field = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
             message = (
                 f"Requested token count exceeds the model's maximum context length of "
-                f"{context_len} tokens: {prompt_len} in the messages plus {asked} max_tokens."
+                f"{context_len} tokens: {prompt_len} in the messages plus {asked} {field}."
             )
             raise APIError(message, param="messages", code="context_length_exceeded")
         return asked if asked is not None else context_len - prompt_len

@@ -92,7 +92,12 @@ class OpenAIServingCompletion(OpenAIServingBase):
                                    param="prompt", code="invalid_value")  # fmt: skip
 
     def _prompt_text(self, prompt: Prompt) -> str:
-        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+        if isinstance(prompt, str):
+            return prompt
+        if self.tokenizer is None:  # a 500 before
+            raise APIError("echo needs a tokenizer to decode the prompt's token ids (the "
+                           "server runs with --skip-tokenizer-init)", param="echo")  # fmt: skip
+        return self.tokenizer.decode(prompt)
 
     def _generate_input(
         self, request: CompletionRequest, prompt: Prompt, params: dict[str, Any], rid: str
