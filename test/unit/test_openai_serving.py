@@ -608,6 +608,27 @@ def test_api_key(tm):
         tm.config["api_key"] = "sekret"  # as the real readback holds it
         info = client.get("/server_info", headers=right).json()
         assert info["api_key"] == "<set>" and "sekret" not in str(info)
+        # the scheme is case-insensitive; /health/ is as open as /health (it was a 401)
+        assert client.get("/v1/models", headers={"Authorization": "bearer sekret"}).status_code == 200
+        assert client.get("/v1/models", headers={"Authorization": "Bearersekret"}).status_code == 401
+        assert client.get("/health/", follow_redirects=False).status_code != 401
+        # a browser's preflight is answered before the key is asked for (CORS, as SGLang)
+        preflight = client.options("/v1/chat/completions", headers={
+            "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})  # fmt: skip
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] in ("*", "http://app.example")
+        reply = client.get("/v1/models", headers={**right, "Origin": "http://app.example"})
+        assert reply.headers["access-control-allow-origin"] in ("*", "http://app.example")
+
+
+def test_405_names_the_allowed_methods_and_bodies_must_be_plain_utf8(client):
+    assert client.get("/v1/chat/completions").headers.get("allow") == "POST"
+    gzipped = client.post("/v1/completions", content=b"\x1f\x8b\x08\x00",
+                          headers={"Content-Encoding": "gzip"})  # fmt: skip
+    assert assert_error(gzipped, 415)["code"] == "unsupported_media_type"
+    latin1 = client.post("/v1/completions", content='{"prompt": "caf\xe9"}'.encode("latin-1"))
+    assert "the body is not UTF-8 (byte 15" in assert_error(latin1, 400)["message"]
 
 
 def test_openai_client(client):

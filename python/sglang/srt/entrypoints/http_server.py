@@ -27,10 +27,12 @@ from typing import Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool
 
 from sglang import __version__
+from sglang.srt.entrypoints.http_protocol import GuardedHttpToolsProtocol
 from sglang.srt.entrypoints.openai.errors import (
     BYTES_PER_MIB,
     APIError,
@@ -66,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health"})  # served without the API key
 SHUTDOWN_FAIL_MARGIN_S = 1.0  # before the grace ends, still-running requests get an error
+FORCED_EXIT_ANSWER_S = 2.0  # after a forced exit, how long requests get to send their error
 WATCH_INTERVAL_S = 1.0
 DEAD_GRACE_S = 2.0  # /health answers 503 this long before a server with a dead child exits
 WARMUP_PROMPT = "The capital of France is"
@@ -114,10 +117,11 @@ class ApiKeyMiddleware:
 
     def __init__(self, app: Any, api_key: str) -> None:
         self.app = app
-        self._expected = f"Bearer {api_key}".encode()
+        self._expected = api_key.encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+        path = scope.get("path", "").rstrip("/") or "/"  # /health/ is /health (a redirect)
+        if scope["type"] != "http" or path in OPEN_PATHS or self._authorized(scope):
             await self.app(scope, receive, send)
             return
         error = APIError(
@@ -129,7 +133,9 @@ class ApiKeyMiddleware:
 
     def _authorized(self, scope: dict) -> bool:
         headers = dict(scope.get("headers") or [])
-        return hmac.compare_digest(headers.get(b"authorization", b""), self._expected)
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        # the scheme is case-insensitive (RFC 7235): `bearer KEY` is as good
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected)
 
 
 # --- OpenAI and native generation routes ---------------------------------------------------
@@ -446,6 +452,10 @@ def create_app(tokenizer_manager: Any) -> FastAPI:
         app.add_api_route("/metrics", metrics_route, methods=["GET"])
     if serving.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=serving.api_key)
+    # outermost: a browser's preflight is answered before the API key is asked for; every
+    # origin is allowed, as SGLang's and vLLM's servers do
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"],
+                       allow_headers=["*"])  # fmt: skip
     return app
 
 
@@ -546,6 +556,7 @@ async def serve_app(app: FastAPI) -> int:
         access_log=get_observability().log_requests,
         timeout_graceful_shutdown=envs.SGLANG_GRACEFUL_SHUTDOWN_TIMEOUT.get(),
         loop="none",
+        http=GuardedHttpToolsProtocol,  # limits on reading a request (http_protocol.py)
     )
     server = _Server(config, app.state.server)
     helpers = [asyncio.create_task(_warmup(server)), asyncio.create_task(_watch_children(server))]
@@ -554,8 +565,20 @@ async def serve_app(app: FastAPI) -> int:
     finally:
         for task in helpers:
             task.cancel()
+        await _answer_left_requests(server)
         await server.state.tokenizer_manager.aclose()
     return server.state.exit_code
+
+
+async def _answer_left_requests(server: _Server) -> None:
+    """After a forced exit (a second Ctrl-C) uvicorn leaves requests running: each gets
+    the shutdown error (a stream: an error event and [DONE]) before the sockets close,
+    not a 500 from a closed socket or a connection cut mid-body."""
+    tasks = [t for t in server.server_state.tasks if not t.done()]
+    if not tasks:
+        return
+    server._fail_in_flight()
+    await asyncio.wait(tasks, timeout=FORCED_EXIT_ANSWER_S)
 
 
 def _check_address_free(host: str, port: int) -> None:

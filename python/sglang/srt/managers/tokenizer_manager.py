@@ -851,7 +851,11 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         return f"{why}; rolling back to {path} failed on DP ranks {differ}: ranks now differ"
 
     async def aclose(self) -> None:
-        """Stop the receive loop and close the sockets (call on the serving loop)."""
+        """Stop the receive loop and close the sockets (call on the serving loop). A
+        request still waiting fails, and nothing is sent on the closed sockets after."""
+        if self._dead_message is None:
+            self._dead_message = "The server shut down before this request finished."
+            self._fail_all(self._dead_message)
         task = self._handle_loop_task
         if task is not None and not task.done():
             task.cancel()

@@ -31,6 +31,7 @@ _TYPE_BY_STATUS = {
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable_error",
@@ -96,7 +97,7 @@ async def _validation_handler(_: Request, exc: RequestValidationError) -> JSONRe
 async def _http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     phrase = HTTPStatus(exc.status_code).phrase
     message = exc.detail if isinstance(exc.detail, str) else phrase
-    return APIError(message, exc.status_code).response()
+    return APIError(message, exc.status_code, headers=exc.headers).response()  # 405: Allow
 
 
 async def _client_disconnect_handler(_: Request, exc: ClientDisconnect) -> JSONResponse:
@@ -133,7 +134,15 @@ def body_too_large(limit_bytes: int) -> APIError:
 
 async def read_body(raw_request: Request) -> bytes:
     """The body, refused (413) as soon as it passes the app's `max_request_body_bytes`:
-    by its Content-Length before reading, or while reading a chunked one."""
+    by its Content-Length before reading, or while reading a chunked one. A compressed
+    body is refused (415): it is read as it comes, never decoded."""
+    encoding = raw_request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise APIError(
+            f"Content-Encoding {encoding!r} is not supported: send the body uncompressed",
+            415,
+            code="unsupported_media_type",
+        )
     limit_bytes = raw_request.app.state.max_request_body_bytes
     declared = raw_request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit_bytes:
@@ -154,8 +163,19 @@ async def parse_body(raw_request: Request, model: type[BaseModelT]) -> BaseModel
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise APIError(f"malformed JSON body: {exc}", code="invalid_json") from None
+        raise APIError(
+            f"malformed JSON body: {_json_problem(body, exc)}", code="invalid_json"
+        ) from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(RequestValidationError(exc.errors())) from None
+
+
+def _json_problem(body: bytes, exc: orjson.JSONDecodeError) -> str:
+    """orjson's reason, except for bytes that are not UTF-8 (it blames surrogates)."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return f"the body is not UTF-8 (byte {bad.start} is {body[bad.start : bad.start + 1]!r})"
+    return str(exc)
