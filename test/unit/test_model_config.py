@@ -200,3 +200,30 @@ def test_sliding_window_caps_the_context_where_not_implemented(tmp_path):
     extra = {"model_type": "starcoder2", "sliding_window": W, "use_sliding_window": True}
     config = ModelConfig(_write(tmp_path, extra))
     assert config.context_len == W and config.layer_windows == [None, None]
+
+
+@pytest.mark.parametrize("scaling", [LLAMA3_SCALING, YARN_SCALING], ids=["llama3", "yarn"])
+def test_a_top_level_original_max_position_embeddings_wins(tmp_path, scaling):
+    # Phi-3 keeps it beside rope_scaling; transformers gives that one priority (the
+    # scaling's own value was used: logprobs off by up to 0.98)
+    path = _write(tmp_path, {"rope_scaling": scaling, "original_max_position_embeddings": 32})
+    assert ModelConfig(path).rope_scaling["original_max_position_embeddings"] == 32
+
+
+def test_missing_keys_take_the_model_types_transformers_defaults(tmp_path):
+    # a Mixtral config.json without rope_theta / rms_norm_eps: MixtralConfig's 1e6 and 1e-5
+    # (llama's 10000 and 1e-6 were used: greedy tokens differed from HF's)
+    mixtral = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+               "num_local_experts": 4, "num_experts_per_tok": 2}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(
+        {k: v for k, v in {**BASE, **mixtral}.items() if k != "rms_norm_eps"}))  # fmt: skip
+    cfg = ModelConfig(str(tmp_path))
+    assert (cfg.rope_theta, cfg.rms_norm_eps) == (1_000_000.0, 1e-5)
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(str(tmp_path))
+    assert hf.rms_norm_eps == cfg.rms_norm_eps
+    # a Mistral config without sliding_window: HF's 4096 on every layer
+    mistral = {"architectures": ["MistralForCausalLM"], "model_type": "mistral"}
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **mistral}))
+    assert set(ModelConfig(str(tmp_path)).layer_windows) == {4096}

@@ -66,7 +66,7 @@ class ModelConfig:
         (a draft runs at its target's), not the operator's (refused unless allowed)."""
         self.model_path = str(resolve_model_path(model_path, revision))
         self.revision = revision
-        self.raw = _read_json(Path(self.model_path) / "config.json")
+        self.raw = _with_hf_defaults(_read_json(Path(self.model_path) / "config.json"))
         self.trust_remote_code = trust_remote_code
         self._init_shape()
         self._init_moe()
@@ -154,6 +154,10 @@ class ModelConfig:
             scaling.setdefault("rope_type", scaling.get("type", "default"))
             if scaling["rope_type"] == "default":
                 scaling = None
+        pretrained = raw.get("original_max_position_embeddings")
+        if scaling is not None and scaling["rope_type"] in ("llama3", "yarn") and pretrained:
+            # Phi-3 keeps it at the top level; transformers gives that one priority
+            scaling["original_max_position_embeddings"] = pretrained
         self.rope_scaling: dict[str, Any] | None = scaling
         partial = raw.get("partial_rotary_factor") or params.get("partial_rotary_factor")
         if partial is not None and float(partial) != 1.0:
@@ -173,6 +177,28 @@ class ModelConfig:
             f"{self.num_key_value_heads}, head_dim={self.head_dim}, dtype=torch.{self.dtype_name}, "
             f"context_len={self.context_len})"
         )
+
+
+# What transformers' config class of a model type fills in for a key config.json leaves
+# out, where it differs from the fallbacks read elsewhere here (llama's: rope_theta
+# 10000, rms_norm_eps 1e-6, no sliding window). Gemma 3's rope thetas: models/gemma3.py.
+_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mistral": {"sliding_window": 4096},
+    "mixtral": {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-5},
+    "gemma2": {"sliding_window": 4096},
+    "gemma3_text": {"sliding_window": 4096},
+}
+
+
+def _with_hf_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """config.json with its model type's transformers defaults for the keys it omits."""
+    defaults = _HF_DEFAULTS.get(raw.get("model_type"), {})
+    params = raw.get("rope_parameters") or {}
+    missing = {
+        key: value for key, value in defaults.items()
+        if key not in raw and not (key == "rope_theta" and params)
+    }  # fmt: skip
+    return {**raw, **missing}
 
 
 def _read_json(path: Path) -> dict[str, Any]:
