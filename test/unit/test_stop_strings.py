@@ -7,6 +7,7 @@ import pytest
 
 from sglang.srt.managers.detokenizer_manager import (
     IncrementalDetokenizer,
+    byte_fallback_ids,
     silent_token_ids,
     stop_window_tokens,
     trim_incomplete_utf8,
@@ -32,6 +33,7 @@ class StopChecker(SchedulerResultsMixin):
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.silent_token_ids = silent_token_ids(tokenizer)
+        self.byte_fallback_ids = byte_fallback_ids(tokenizer)
         self.context_len = 10**6
         self.eos_token_ids = set()
 

@@ -10,6 +10,7 @@ BatchDetokenizer itself (inline).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,22 +81,49 @@ def stop_window_tokens(stop_strs: Sequence[str]) -> int:
     return max(len(s.encode("utf-8")) for s in stop_strs) + STOP_WINDOW_MARGIN
 
 
-def stop_window_start(ids: Sequence[int], window: int, silent: Container[int]) -> int:
+def stop_window_start(
+    ids: Sequence[int], window: int, silent: Container[int], byte_ids: Container[int] = ()
+) -> int:
     """Where in `ids` the stop window of `window` tokens begins, leaving out of the
     count the `silent` ones (special tokens, which a skip_special_tokens decode
-    drops: a stop may span a run of them); at most MAX_STOP_WINDOW_TOKENS back."""
+    drops: a stop may span a run of them); at most MAX_STOP_WINDOW_TOKENS back. A
+    window never starts inside a run of `byte_ids` (byte_fallback_ids): decoded from
+    its middle, a run can read as characters the whole text does not hold."""
     start, counted = len(ids), 0
     floor = max(0, len(ids) - MAX_STOP_WINDOW_TOKENS)
     while start > floor and counted < window:
         start -= 1
         counted += ids[start] not in silent
+    if start < len(ids) and ids[start] in byte_ids:
+        while start > 0 and ids[start - 1] in byte_ids:
+            start -= 1
     return start
 
 
-def stop_window(ids: Sequence[int], stop_strs: Sequence[str], silent: Container[int]) -> list[int]:
+def stop_window(
+    ids: Sequence[int],
+    stop_strs: Sequence[str],
+    silent: Container[int],
+    byte_ids: Container[int] = (),
+) -> list[int]:
     """The last tokens of `ids` whose decode holds any stop the last token completed
     (stop_window_tokens of them, not counting the `silent` ones)."""
-    return list(ids[stop_window_start(ids, stop_window_tokens(stop_strs), silent) :])
+    start = stop_window_start(ids, stop_window_tokens(stop_strs), silent, byte_ids)
+    return list(ids[start:])
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def byte_fallback_ids(tokenizer: Any) -> frozenset[int]:
+    """The `<0x..>` byte tokens of a SentencePiece-style tokenizer with byte fallback
+    (Llama 2, Mistral, Gemma). Its decoder turns a run of them that is not valid UTF-8 as
+    a whole into one U+FFFD per byte, a character completed earlier in the run included:
+    the text of a run is known only once the run ends. Empty for other tokenizers."""
+    if tokenizer is None or not callable(getattr(tokenizer, "get_vocab", None)):
+        return frozenset()
+    ids = frozenset(i for token, i in tokenizer.get_vocab().items() if _BYTE_TOKEN.fullmatch(token))
+    return ids if len(ids) == 256 else frozenset()
 
 
 def silent_token_ids(tokenizer: Any) -> frozenset[int]:
@@ -162,6 +190,9 @@ class IncrementalDetokenizer:
         self.states: dict[str, DecodeState] = {}
         self._rust = rust_decoder(tokenizer)
         self.silent_ids = silent_token_ids(tokenizer)
+        self.byte_ids = byte_fallback_ids(tokenizer)
+        # a clean-up pass (" ." -> ".") may drop a space the next token follows
+        self._trailing_space_may_go = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
 
     def _decode_many(self, seqs: list[list[int]], params: list[DecodeParams]) -> list[str]:
         """batch_decode, one call per distinct (skip_special, spaces_between) pair."""
@@ -247,10 +278,23 @@ class IncrementalDetokenizer:
         texts = self._decode_many(surr + full, params + params)
         for i, state in enumerate(states):
             surr_text, new_text = texts[i], texts[len(states) + i]
-            if new_text.endswith(REPLACEMENT_CHAR) or len(new_text) <= len(surr_text):
-                continue  # incomplete UTF-8 (or nothing yet): hold back
+            if self._unsettled(state, surr_text, new_text):
+                continue  # hold back until later tokens settle it
             state.text += new_text[len(surr_text) :]
             state.surr_offset, state.read_offset = state.read_offset, len(state.ids)
+
+    def _unsettled(self, state: DecodeState, surr_text: str, new_text: str) -> bool:
+        """Whether the text the new tokens decode to may still change with later ones:
+        an incomplete UTF-8 character, nothing new, a run of byte tokens not ended yet,
+        or (with a clean-up pass) a trailing space that punctuation would remove; or the
+        context read differently (its text is sent already)."""
+        return (
+            new_text.endswith(REPLACEMENT_CHAR)
+            or len(new_text) <= len(surr_text)
+            or not new_text.startswith(surr_text)
+            or state.ids[-1] in self.byte_ids
+            or (self._trailing_space_may_go and new_text[-1:].isspace())
+        )
 
     def _decode_finished(self, states: list[DecodeState]) -> None:
         if not states:
@@ -305,7 +349,7 @@ class IncrementalDetokenizer:
             return self._decode_many([ids], [state.params])[0]
 
         silent = self.silent_ids if state.params.skip_special_tokens else ()
-        tail = stop_window(state.ids, [stop], silent)
+        tail = stop_window(state.ids, [stop], silent, self.byte_ids)
         offset = len(state.text) - len(decode(tail))  # the window ends text
         hit = find_stop(state.text, [stop], offset + last_token_start(decode, tail, len(tail)))
         if hit is None:  # the window decoded apart from the whole text: the last one

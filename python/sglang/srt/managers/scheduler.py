@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from sglang.srt.managers.detokenizer_manager import silent_token_ids
+from sglang.srt.managers.detokenizer_manager import byte_fallback_ids, silent_token_ids
 from sglang.srt.managers.fault_injection import FaultInjector
 from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.schedule_batch import PrefillBatch, Req, RunningBatch, finish_abort
@@ -80,6 +80,7 @@ class Scheduler(
     ):
         self.tp_worker, self.model_config, self.tokenizer = tp_worker, model_config, tokenizer
         self.silent_token_ids = silent_token_ids(tokenizer)  # what stop windows skip
+        self.byte_fallback_ids = byte_fallback_ids(tokenizer)  # runs a stop window spans whole
         self.tp_sync = tp_sync or TpSync(1)
         self.dp_rank = dp_rank
         self.load_reporter = load_reporter or NullLoadReporter()

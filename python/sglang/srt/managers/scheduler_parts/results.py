@@ -176,7 +176,7 @@ class SchedulerResultsMixin:
         must end in the last token (an earlier one was let pass)."""
         params = req.sampling_params
         silent = self.silent_token_ids if params.skip_special_tokens else ()
-        tail = stop_window(req.output_ids, params.stop_strs, silent)
+        tail = stop_window(req.output_ids, params.stop_strs, silent, self.byte_fallback_ids)
 
         def decode(ids: list[int]) -> str:
             return self.tokenizer.decode(

@@ -1,0 +1,73 @@
+"""Incremental detokenization and stop windows with SentencePiece-style tokenizers (byte
+fallback, Metaspace spaces, a clean-up pass): the streamed text is exactly
+`tokenizer.decode(ids)`, whatever the chunking."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from transformers import AutoTokenizer
+
+from sglang.srt.managers.detokenizer_manager import (
+    IncrementalDetokenizer,
+    byte_fallback_ids,
+    stop_window,
+)
+from sglang.srt.managers.io_struct import DecodeParams
+from sglang.test.sentencepiece_tokenizer import save_sentencepiece_tokenizer
+
+
+@pytest.fixture(scope="module", params=["bpe", "unigram"])
+def tokenizer(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"sp-{request.param}")
+    save_sentencepiece_tokenizer(out, request.param)
+    return AutoTokenizer.from_pretrained(str(out))
+
+
+def streamed(tokenizer, ids: list[int], chunk: int) -> str:
+    detok, text = IncrementalDetokenizer(tokenizer), ""
+    for start in range(0, len(ids), chunk):
+        done = start + chunk >= len(ids)
+        finish = {"type": "length", "matched": None} if done else None
+        params = [DecodeParams(stream=True)] if start == 0 else [None]
+        text += detok.step(["r"], [ids[start : start + chunk]], [finish], params)[0]
+    return text
+
+
+def byte_ids(tokenizer, *values: int) -> list[int]:
+    vocab = tokenizer.get_vocab()
+    return [vocab[f"<0x{b:02X}>"] for b in values]
+
+
+def test_a_byte_run_that_turns_invalid_streams_as_it_decodes(tokenizer):
+    # "你好" then a stray continuation byte: the whole run decodes to U+FFFD per byte,
+    # the characters completed before it too (they were streamed, then sent again)
+    word = tokenizer.encode(" wo", add_special_tokens=False)
+    cases = [byte_ids(tokenizer, 0xE4, 0xBD, 0xA0, 0xE5, 0xA5, 0xBD, 0x80) + word,
+             byte_ids(tokenizer, 0xC3, 0xA9, 0xA9) + word + byte_ids(tokenizer, 0xC3, 0xA9)]  # fmt: skip
+    for ids in cases:
+        for chunk in (1, 2, 3):
+            assert streamed(tokenizer, ids, chunk) == tokenizer.decode(ids), (ids, chunk)
+
+
+def test_random_outputs_stream_as_they_decode(tokenizer):
+    # random ids (what a random-weight model writes): every chunking gives decode(ids)
+    rng = random.Random(0)
+    vocab = len(tokenizer)
+    for _ in range(300):
+        ids = [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 12))]
+        for chunk in (1, 3):
+            expected = tokenizer.decode(ids, skip_special_tokens=True)  # DecodeParams' default
+            assert streamed(tokenizer, ids, chunk) == expected, ids
+
+
+def test_a_stop_window_never_starts_inside_a_byte_run(tmp_path):
+    # decoded from the middle of a run, C3 A9 reads as "é" while the whole text has ����
+    save_sentencepiece_tokenizer(tmp_path, "bpe")
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))
+    run = byte_ids(tokenizer, 0xC3, 0xA9, 0xA9, 0xC3, 0xA9, 0xA9, 0xC3, 0xA9, 0xA9, 0xC3, 0xA9)
+    ids = tokenizer.encode("o o o", add_special_tokens=False) + run
+    assert "é" not in tokenizer.decode(ids)
+    window = stop_window(ids, ["é"], (), byte_fallback_ids(tokenizer))  # 6 tokens, widened
+    assert window == run and "é" not in tokenizer.decode(window)
