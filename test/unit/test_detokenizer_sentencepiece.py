@@ -71,3 +71,29 @@ def test_a_stop_window_never_starts_inside_a_byte_run(tmp_path):
     assert "é" not in tokenizer.decode(ids)
     window = stop_window(ids, ["é"], (), byte_fallback_ids(tokenizer))  # 6 tokens, widened
     assert window == run and "é" not in tokenizer.decode(window)
+
+
+def test_logprob_token_texts_keep_their_spaces_and_offsets_index_the_text(tokenizer):
+    # "▁w" read as "w" alone (tokens joined lost every space), and a skipped special
+    # token moved text_offset by its name's length past the text
+    from sglang.srt.entrypoints.openai.logprobs import TextOffsets
+    from sglang.srt.managers.detokenizer_manager import (
+        drops_first_space,
+        silent_token_ids,
+        token_piece_text,
+    )
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = [*tokenizer.encode("the quick brown fox", add_special_tokens=False), end,
+           *tokenizer.encode(" jumps over", add_special_tokens=False)]  # fmt: skip
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    silent = silent_token_ids(tokenizer)
+    offsets = TextOffsets(0, silent, drops_first_space(tokenizer))
+    pieces = [(i, token_piece_text(tokenizer, i)) for i in ids]
+    found = [(offsets.take((-1.0, i, piece), tokenizer), piece) for i, piece in pieces]
+    spoken = [(offset, piece) for (offset, piece), i in zip(found, ids) if i not in silent]
+    assert sum(piece.startswith(" ") for _, piece in spoken) >= 3  # spaces are the tokens'
+    for offset, piece in spoken[1:]:
+        assert text[offset : offset + len(piece)] == piece, (text, offset, piece)
+    joined = "".join(piece for _, piece in spoken)
+    assert joined.removeprefix(" ") == text.removeprefix(" ")

@@ -126,6 +126,25 @@ def byte_fallback_ids(tokenizer: Any) -> frozenset[int]:
     return ids if len(ids) == 256 else frozenset()
 
 
+def token_piece_text(tokenizer: Any, token_id: int) -> str:
+    """One token's text as it reads inside a text: decode([id]), with the leading space
+    a SentencePiece piece (`▁w`) stands for, which decoding it alone drops."""
+    text = tokenizer.decode([token_id])
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    piece = convert(token_id) if convert is not None else None
+    if isinstance(piece, str) and piece.startswith("▁") and not text.startswith(" "):
+        return " " + text
+    return text
+
+
+def drops_first_space(tokenizer: Any) -> bool:
+    """Whether decoding drops the leading space of a text's first `▁` piece (Llama's and
+    Mistral's decoders strip one; Gemma's keeps it)."""
+    vocab = tokenizer.get_vocab() if callable(getattr(tokenizer, "get_vocab", None)) else {}
+    piece = next((p for p in vocab if p.startswith("▁") and p[1:2].isalpha()), None)
+    return piece is not None and not tokenizer.decode([vocab[piece]]).startswith(" ")
+
+
 def silent_token_ids(tokenizer: Any) -> frozenset[int]:
     """The special tokens a skip_special_tokens decode turns into no text (the
     added tokens marked special too: `all_special_ids` leaves out e.g. <|im_start|>)."""

@@ -27,7 +27,7 @@ from typing import Any
 import zmq
 from pydantic import BaseModel, ValidationError
 
-from sglang.srt.managers.detokenizer_manager import BatchDetokenizer
+from sglang.srt.managers.detokenizer_manager import BatchDetokenizer, token_piece_text
 from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.io_struct import (
     AbortReq,
@@ -688,7 +688,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         few thousand ids)."""
         text = self._token_texts.get(token_id)
         if text is None:
-            text = self._token_texts[token_id] = self.tokenizer.decode([token_id])
+            text = self._token_texts[token_id] = token_piece_text(self.tokenizer, token_id)
         return text
 
     # ------------------------------------------------------------------ receive loop

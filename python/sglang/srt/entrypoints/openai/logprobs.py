@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import functools
 import re
+from collections.abc import Container
 from typing import Any
 
 from sglang.srt.entrypoints.openai.protocol import (
@@ -18,6 +19,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     CompletionLogProbs,
     TopLogprob,
 )
+from sglang.srt.managers.detokenizer_manager import token_piece_text
 
 Entry = tuple  # (logprob | None, token_id, text | None)
 
@@ -27,7 +29,7 @@ def token_text(entry: Entry, tokenizer: Any) -> str:
         return entry[2]
     if tokenizer is None:
         return str(entry[1])
-    return tokenizer.decode([entry[1]])
+    return token_piece_text(tokenizer, entry[1])
 
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens
@@ -106,14 +108,26 @@ class TextOffsets:
     keeps one across its chunks). A token holding part of a UTF-8 character adds nothing
     until the token that completes it adds the whole character, as the text grows."""
 
-    def __init__(self, start: int = 0) -> None:
+    def __init__(
+        self, start: int = 0, skipped: Container[int] = (), first_space_dropped: bool = False
+    ) -> None:
+        """`skipped`: token ids the text leaves out (special tokens under
+        skip_special_tokens); `first_space_dropped`: the decode drops the first token's
+        leading space (a SentencePiece tokenizer that strips the `▁` it starts with)."""
         self.offset = start
+        self.skipped = skipped
+        self._drop_space = first_space_dropped
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     def take(self, entry: Entry, tokenizer: Any) -> int:
         """`entry`'s offset; the next one moves past the characters it completes."""
+        if tokenizer is None or entry[1] in self.skipped:  # no text of its own
+            return self.offset
         pending = self._decoder.getstate()[0]  # an earlier token's unfinished character
         data = token_bytes(entry, tokenizer)
+        if self._drop_space:
+            self._drop_space = False
+            data = data.removeprefix(b" ")
         here = self.offset + (_orphaned_chars(pending, data) if pending else 0)
         self.offset += len(self._decoder.decode(data))
         return here

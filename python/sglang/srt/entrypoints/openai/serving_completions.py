@@ -7,6 +7,7 @@ with `max_tokens` 0.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
 )
 from sglang.srt.entrypoints.openai.stream_chunks import completion_chunk
 from sglang.srt.entrypoints.openai.usage import finish_reason_of
+from sglang.srt.managers.detokenizer_manager import drops_first_space, silent_token_ids
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
@@ -128,7 +130,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if request.logprobs is not None:
             logprobs = self._prompt_logprobs(request, meta)
             tokens, tops = output_slices(meta, 0)
-            merge_completion_logprobs(logprobs, self._logprobs(request, tokens, tops, len(echo)))
+            offsets = self._output_offsets(request, len(echo))
+            merge_completion_logprobs(logprobs, self._logprobs(request, tokens, tops, offsets))
         return CompletionChoice(
             index=index,
             text=echo + output["text"],
@@ -147,6 +150,20 @@ class OpenAIServingCompletion(OpenAIServingBase):
         return completion_logprobs(
             tokens, tops if request.logprobs else None, self.tokenizer, offsets
         )
+
+    def _output_offsets(self, request: CompletionRequest, start: int) -> TextOffsets:
+        """text_offset of the output tokens, from `start`: the special tokens the text
+        skips take no room, and a SentencePiece decode's dropped first space neither."""
+        if self.tokenizer is None:
+            return TextOffsets(start)
+        silent, drops_space = self._decode_traits
+        return TextOffsets(start, silent if request.skip_special_tokens else (), drops_space)
+
+    @functools.cached_property
+    def _decode_traits(self) -> tuple[frozenset[int], bool]:
+        """(the special tokens a skip_special_tokens decode leaves out, whether it drops a
+        SentencePiece text's first space): read from the tokenizer once."""
+        return silent_token_ids(self.tokenizer), drops_first_space(self.tokenizer)
 
     def _prompt_logprobs(
         self, request: CompletionRequest, meta: dict[str, Any]
@@ -187,7 +204,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
             logprobs = CompletionLogProbs()
         else:
             logprobs = self._prompt_logprobs(request, meta)
-            state.logprob_offsets = TextOffsets(echo_len)
+            state.logprob_offsets = self._output_offsets(request, echo_len)
         tokens, tops = output_slices(meta, state.take_logprob_start(meta))
         merge_completion_logprobs(
             logprobs, self._logprobs(request, tokens, tops, state.logprob_offsets)
