@@ -40,7 +40,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.node_link import NodeLost, WorkerNodeLink
-from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tokenizer_manager import LOGPROB_LISTS, TokenizerManager
 from sglang.srt.runtime_context import get_observability
 from sglang.srt.sampling.param_types import InvalidParamError, check_num_samples
 
@@ -893,14 +893,7 @@ class _LoopStream:
 
 
 # meta_info lists that grow with the request; a stream chunk carries their new entries.
-_GROWING_META = (
-    "output_token_logprobs",
-    "output_top_logprobs",
-    "output_token_ids_logprobs",
-    "input_token_logprobs",
-    "input_top_logprobs",
-    "input_token_ids_logprobs",
-)
+_GROWING_META = LOGPROB_LISTS
 
 
 async def _incremental(cumulative: AsyncIterator[dict]) -> AsyncIterator[dict]:

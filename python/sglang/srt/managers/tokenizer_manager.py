@@ -66,8 +66,9 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-# The logprob lists a BatchStrOutput adds to, per request, and ReqState keeps
-_LOGPROB_LISTS = (
+# The logprob lists a BatchStrOutput adds to, per request, that ReqState keeps, and
+# meta_info reports under the same names
+LOGPROB_LISTS = (
     "output_token_logprobs",
     "output_top_logprobs",
     "output_token_ids_logprobs",
@@ -768,7 +769,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
 
     @staticmethod
     def _absorb_logprobs(state: ReqState, msg: BatchStrOutput, i: int) -> None:
-        for name in _LOGPROB_LISTS:
+        for name in LOGPROB_LISTS:
             getattr(state, name).extend(getattr(msg, name)[i])
 
     def _resolve_control(self, msg: Any) -> None:
