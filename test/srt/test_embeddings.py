@@ -260,7 +260,12 @@ def test_native_encode_route(server, tokenizer, hf_model):
                           timeout=60).json()  # fmt: skip
     assert [len(out["embedding"]) for out in batch] == [len(one["embedding"])] * 2
     assert_close(np.array(batch[0]["embedding"]), np.array(one["embedding"]))
+    assert one["meta_info"]["e2e_latency"] > 0
+    named = requests.post(server.base_url + "/encode", json={"text": ["a", "b"], "rid": ["x", "y"]},
+                          timeout=60).json()  # fmt: skip
+    assert [out["meta_info"]["id"] for out in named] == ["x", "y"]
     for body, param in (({}, "text"), ({"text": []}, "text"), ({"input_ids": [[]]}, "input_ids"),
-                        ({"text": "a", "input_ids": [1]}, "text")):  # fmt: skip
+                        ({"text": "a", "input_ids": [1]}, "text"), ({"text": "hi " * 2000}, "text"),
+                        ({"text": ["a", "b"], "rid": ["x"]}, "rid")):  # fmt: skip
         reply = requests.post(server.base_url + "/encode", json=body, timeout=60)
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text

@@ -97,3 +97,16 @@ def test_logprob_token_texts_keep_their_spaces_and_offsets_index_the_text(tokeni
         assert text[offset : offset + len(piece)] == piece, (text, offset, piece)
     joined = "".join(piece for _, piece in spoken)
     assert joined.removeprefix(" ") == text.removeprefix(" ")
+
+
+def test_text_a_clean_up_pass_rewrites_streams_as_it_decodes(tokenizer):
+    # " ' " -> "'" and " ," -> "," span token boundaries: the stream sent "dog ' s" and
+    # lost characters at the end ("andore"); ordinary text keeps streaming token by token
+    text = "the dog ' s name , and the cat ' s toy . and more : list ( value ) !"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    for chunk in (1, 2):
+        assert streamed(tokenizer, ids, chunk) == tokenizer.decode(ids, skip_special_tokens=True)
+    detok = IncrementalDetokenizer(tokenizer)
+    words = tokenizer.encode("one two three four five six", add_special_tokens=False)
+    sent = [detok.step(["r"], [[i]], [None], [DecodeParams(stream=True)])[0] for i in words]
+    assert sum(bool(piece) for piece in sent) >= len(words) // 2  # no stall until the end

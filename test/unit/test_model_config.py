@@ -227,3 +227,22 @@ def test_missing_keys_take_the_model_types_transformers_defaults(tmp_path):
     mistral = {"architectures": ["MistralForCausalLM"], "model_type": "mistral"}
     (tmp_path / "config.json").write_text(json.dumps({**BASE, **mistral}))
     assert set(ModelConfig(str(tmp_path)).layer_windows) == {4096}
+
+
+def test_gemma_and_mixtral_defaults_match_transformers(tmp_path):
+    # Gemma 2 without head_dim / query_pre_attn_scalar / softcaps / activation, and a
+    # Mixtral whose rope_parameters name no theta: each as transformers fills it in
+    from transformers import AutoConfig
+
+    gemma = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2"}
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **gemma}))
+    ours, hf = ModelConfig(str(tmp_path)), AutoConfig.from_pretrained(str(tmp_path))
+    assert ours.head_dim == hf.head_dim == 256
+    for key in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+                "hidden_activation"):  # fmt: skip
+        assert ours.raw[key] == getattr(hf, key), key
+    mixtral = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+               "num_local_experts": 4, "num_experts_per_tok": 2,
+               "rope_parameters": {"rope_type": "default"}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **mixtral}))
+    assert ModelConfig(str(tmp_path)).rope_theta == 1_000_000.0

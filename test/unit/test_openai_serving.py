@@ -624,6 +624,8 @@ def test_api_key(tm):
 
 def test_405_names_the_allowed_methods_and_bodies_must_be_plain_utf8(client):
     assert client.get("/v1/chat/completions").headers.get("allow") == "POST"
+    # a path served by two routes names both methods (Starlette named one)
+    assert client.delete("/flush_cache").headers.get("allow") == "GET, POST"
     gzipped = client.post("/v1/completions", content=b"\x1f\x8b\x08\x00",
                           headers={"Content-Encoding": "gzip"})  # fmt: skip
     assert assert_error(gzipped, 415)["code"] == "unsupported_media_type"

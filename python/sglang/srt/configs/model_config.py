@@ -185,9 +185,12 @@ class ModelConfig:
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": 4096},
     "mixtral": {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-5},
-    "gemma2": {"sliding_window": 4096},
-    "gemma3_text": {"sliding_window": 4096},
-}
+    "gemma2": {"sliding_window": 4096, "head_dim": 256, "query_pre_attn_scalar": 256,
+               "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+               "hidden_activation": "gelu_pytorch_tanh"},
+    "gemma3_text": {"sliding_window": 4096, "head_dim": 256, "query_pre_attn_scalar": 256,
+                    "hidden_activation": "gelu_pytorch_tanh"},
+}  # fmt: skip
 
 
 def _with_hf_defaults(raw: dict[str, Any]) -> dict[str, Any]:
@@ -196,7 +199,7 @@ def _with_hf_defaults(raw: dict[str, Any]) -> dict[str, Any]:
     params = raw.get("rope_parameters") or {}
     missing = {
         key: value for key, value in defaults.items()
-        if key not in raw and not (key == "rope_theta" and params)
+        if key not in raw and not (key == "rope_theta" and "rope_theta" in params)
     }  # fmt: skip
     return {**raw, **missing}
 

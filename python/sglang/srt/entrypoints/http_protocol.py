@@ -24,6 +24,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 MAX_REQUEST_HEAD_BYTES = 64 * 1024  # request line and headers (nginx: 4 x 8 KiB buffers)
 REQUEST_HEAD_TIMEOUT_S = 60.0  # as nginx's client_header_timeout
 REQUEST_BODY_IDLE_TIMEOUT_S = 60.0  # as nginx's client_body_timeout (between reads)
+LINGER_S = 2.0  # after a 431, how long the rest of the request is read and dropped
 
 _HEAD_TOO_LARGE_BODY = (
     f"The request line and headers exceed {MAX_REQUEST_HEAD_BYTES} bytes.".encode()
@@ -41,7 +42,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._head_bytes = 0  # bytes of chunks read while the current head was incomplete
+        self._head_bytes = 0  # bytes of chunks read wholly inside the current head
+        self._head_parsed = 0  # bytes of its request line and headers the parser gave us
+        self._too_large = False
+        self._discarding = False  # refused: what still arrives is read and dropped
         self._in_head = True  # reading a request line and headers
         self._in_body = False  # reading a body (headers in, message not complete)
         self._read_timer: asyncio.TimerHandle | None = None
@@ -52,22 +56,51 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        """A head's size is known two ways: the parser's callbacks give each completed
+        line (a head sent in one write), and the chunks read while it stays incomplete
+        bound one huge header still arriving (the parser joins its pieces at a cost
+        quadratic in its size, before any callback)."""
+        if self._discarding:
+            return
         if self._in_head and self._head_bytes > MAX_REQUEST_HEAD_BYTES:
             self._refuse_head()
             return
         if self._in_body:
             self._arm(REQUEST_BODY_IDLE_TIMEOUT_S)  # the body is still coming
+        head_at_start = self._in_head
         super().data_received(data)
-        if self._in_head:  # a chunk that completes the head (and holds a body) is not counted
+        if head_at_start and self._in_head:  # this chunk lay wholly inside the head
             self._head_bytes += len(data)
 
     # parser callbacks ------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._head_parsed = 0
         if not self._in_head:  # a later request on this connection: its own deadline
             self._in_head, self._head_bytes = True, 0
             self._arm(REQUEST_HEAD_TIMEOUT_S)
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def _count_head(self, num_bytes: int) -> None:
+        self._head_parsed += num_bytes
+        if self._head_parsed > MAX_REQUEST_HEAD_BYTES:
+            self._too_large = True
+            raise ValueError("request head too large")  # the parser stops; see below
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn answers a parser error (ours from _count_head included) with a 400."""
+        if self._too_large:
+            self._refuse_head()
+        else:
+            super().send_400_response(msg)
 
     def on_headers_complete(self) -> None:
         self._in_head, self._head_bytes = False, 0
@@ -101,8 +134,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _refuse_head(self) -> None:
+        """431, then a lingering close: the rest the client is still sending is read and
+        dropped for a moment (closing with unread data sends a reset, which can destroy
+        the 431 before the client reads it)."""
         self._disarm()
-        self._in_head = False
-        if not self.transport.is_closing():
-            self.transport.write(_HEAD_TOO_LARGE)
-            self.transport.close()
+        self._in_head, self._in_body, self._discarding = False, False, True
+        if self.transport.is_closing():
+            return
+        self.transport.write(_HEAD_TOO_LARGE)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._read_timer = self.loop.call_later(LINGER_S, self.transport.close)

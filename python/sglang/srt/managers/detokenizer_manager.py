@@ -168,7 +168,10 @@ def last_token_start(decode: Callable[[list[int]], str], ids: Sequence[int], win
     token completes (its text is the last token's too)."""
     if len(ids) <= 1:
         return 0
-    return len(trim_incomplete_utf8(decode(list(ids[-window:-1]))))
+    before = decode(list(ids[-window:-1]))
+    if before.endswith(REPLACEMENT_CHAR) and decode(list(ids[-window:])).startswith(before):
+        return len(before)  # the U+FFFD stays: a byte the last token did not complete
+    return len(trim_incomplete_utf8(before))
 
 
 def trim_incomplete_utf8(text: str) -> str:
@@ -185,6 +188,19 @@ def partial_stop_len(text: str, stop_strs: Sequence[str]) -> int:
                 longest = n
                 break
     return longest
+
+
+# What transformers' clean-up pass removes a space in front of ("' " stands for " ' ")
+_CLEANUP_FOLLOWERS = (".", "?", "!", ",", "' ", "n't", "'m", "'s", "'ve", "'re")
+
+
+def cleanup_settled_len(text: str) -> int:
+    """How much of a cleaned-up text later tokens cannot change: up to the first space
+    of its tail that what follows may still turn into one the pass removes."""
+    for i in range(max(0, len(text) - 4), len(text)):  # followers are at most 3 characters
+        if text[i] == " " and any(f.startswith(text[i + 1 :]) for f in _CLEANUP_FOLLOWERS):
+            return i
+    return len(text)
 
 
 def rust_decoder(tokenizer: Any) -> Any | None:
@@ -211,7 +227,7 @@ class IncrementalDetokenizer:
         self.silent_ids = silent_token_ids(tokenizer)
         self.byte_ids = byte_fallback_ids(tokenizer)
         # a clean-up pass (" ." -> ".") may drop a space the next token follows
-        self._trailing_space_may_go = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self._cleans_up = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
 
     def _decode_many(self, seqs: list[list[int]], params: list[DecodeParams]) -> list[str]:
         """batch_decode, one call per distinct (skip_special, spaces_between) pair."""
@@ -291,6 +307,9 @@ class IncrementalDetokenizer:
         # effects (leading-space handling, split UTF-8) are resolved in context.
         if not states:
             return
+        if self._cleans_up:
+            self._advance_cleaned(states)
+            return
         params = [s.params for s in states]
         surr = [s.ids[s.surr_offset : s.read_offset] for s in states]
         full = [s.ids[s.surr_offset :] for s in states]
@@ -304,16 +323,27 @@ class IncrementalDetokenizer:
 
     def _unsettled(self, state: DecodeState, surr_text: str, new_text: str) -> bool:
         """Whether the text the new tokens decode to may still change with later ones:
-        an incomplete UTF-8 character, nothing new, a run of byte tokens not ended yet,
-        or (with a clean-up pass) a trailing space that punctuation would remove; or the
-        context read differently (its text is sent already)."""
+        an incomplete UTF-8 character, nothing new, a run of byte tokens not ended yet;
+        or the context read differently (its text is sent already)."""
         return (
             new_text.endswith(REPLACEMENT_CHAR)
             or len(new_text) <= len(surr_text)
             or not new_text.startswith(surr_text)
             or state.ids[-1] in self.byte_ids
-            or (self._trailing_space_may_go and new_text[-1:].isspace())
         )
+
+    def _advance_cleaned(self, states: list[DecodeState]) -> None:
+        """A tokenizer with a clean-up pass (" ." -> ".", " ' " -> "'") rewrites text
+        across token boundaries, so a window's decode does not splice: the whole output
+        is decoded, and its text is kept up to a space the pass might still remove."""
+        texts = self._decode_many([s.ids for s in states], [s.params for s in states])
+        for state, text in zip(states, texts):
+            if state.ids and state.ids[-1] in self.byte_ids:
+                continue
+            text = trim_incomplete_utf8(text)
+            settled = text[: cleanup_settled_len(text)]
+            if len(settled) > len(state.text) and settled.startswith(state.text):
+                state.text = settled
 
     def _decode_finished(self, states: list[DecodeState]) -> None:
         if not states:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
@@ -138,6 +139,7 @@ class TokenizerEmbeddingMixin:
         }
         if state.queue_time_s is not None:
             meta["queue_time"] = state.queue_time_s
+        meta["e2e_latency"] = time.monotonic() - state.created_s  # SGLang's, as for generation
         embedding = state.embedding
         if embedding is not None and state.obj.dimensions is not None:
             embedding = truncate_embedding(embedding, state.obj.dimensions)

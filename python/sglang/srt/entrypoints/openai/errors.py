@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from http import HTTPStatus
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from sglang.srt.entrypoints.openai.protocol import ErrorBody, ErrorResponse
 from sglang.srt.sampling.param_types import error_of, most_telling_error
@@ -94,10 +95,28 @@ async def _validation_handler(_: Request, exc: RequestValidationError) -> JSONRe
     return from_validation_error(exc).response()
 
 
-async def _http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     phrase = HTTPStatus(exc.status_code).phrase
     message = exc.detail if isinstance(exc.detail, str) else phrase
-    return APIError(message, exc.status_code, headers=exc.headers).response()  # 405: Allow
+    headers = exc.headers
+    if exc.status_code == 405:  # every method the path takes (Starlette names one route's)
+        headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
+    return APIError(message, exc.status_code, headers=headers).response()
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    scope = {**request.scope, "method": "GET"}  # any method: a path match is PARTIAL at least
+    return sorted({m for route in _routes(request.app.routes) if route.matches(scope)[0]
+                   is not Match.NONE for m in getattr(route, "methods", None) or ()})  # fmt: skip
+
+
+def _routes(routes: list[Any]) -> list[Any]:
+    """The app's routes, those of included routers too (FastAPI wraps a router)."""
+    out = []
+    for route in routes:
+        inner = getattr(getattr(route, "original_router", None), "routes", None)
+        out.extend(_routes(inner) if inner is not None else [route])
+    return out
 
 
 async def _client_disconnect_handler(_: Request, exc: ClientDisconnect) -> JSONResponse:

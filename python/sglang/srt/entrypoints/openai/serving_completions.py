@@ -171,7 +171,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if not request.echo:
             return CompletionLogProbs()
         tokens = meta.get("input_token_logprobs") or []
-        return self._logprobs(request, tokens, meta.get("input_top_logprobs"), 0)
+        # the echoed prompt keeps its special tokens' text, and drops a first `▁` space too
+        offsets = TextOffsets(0, (), self.tokenizer is not None and self._decode_traits[1])
+        return self._logprobs(request, tokens, meta.get("input_top_logprobs"), offsets)
 
     def _delta_chunks(
         self,

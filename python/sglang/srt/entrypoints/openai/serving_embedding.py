@@ -43,6 +43,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     new_request_id,
     prompt_fields,
 )
+from sglang.srt.entrypoints.per_prompt import per_prompt
 from sglang.srt.managers.io_struct import EmbeddingReqInput
 from sglang.srt.managers.tokenizer_embedding import EMBEDDING_REFUSED
 from sglang.srt.observability.metrics import ServerMetrics
@@ -84,7 +85,7 @@ class EncodeRequest(UnsupportedSGLangFields):
     model_config = ConfigDict(extra="forbid")
     text: Union[strict(str, min_length=1), list[strict(str, min_length=1)], None] = None
     input_ids: Union[list[NonNegInt], list[list[NonNegInt]], None] = None
-    rid: RequestId | None = None
+    rid: Union[RequestId, list[RequestId], None] = None  # one, or one per prompt (SGLang's)
     dimensions: strict(int, ge=1) | None = None
 
     def prompt_field(self) -> str:
@@ -117,9 +118,21 @@ class OpenAIServingEmbedding:
         field = request.prompt_field()
         given = getattr(request, field)
         prompts = split_inputs(given, field)
-        objs = self._inputs(prompts, request.rid, request.dimensions)
+        if isinstance(request.rid, list):
+            try:
+                rids = per_prompt(request.rid, len(prompts), "rid")
+            except ValueError as exc:
+                raise APIError(str(exc), param="rid", code="invalid_value") from None
+            objs = [EmbeddingReqInput(**prompt_fields(p), rid=r, dimensions=request.dimensions)
+                    for p, r in zip(prompts, rids)]  # fmt: skip
+        else:
+            objs = self._inputs(prompts, request.rid, request.dimensions)
+
+        def param_of(path: str) -> str:  # the prompt's errors name the field it came in
+            return field if path in ("text", "input_ids") else path
+
         try:
-            outputs = await self._collect(objs, raw_request, param_of=lambda path: path)
+            outputs = await self._collect(objs, raw_request, param_of=param_of)
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED_STATUS)
         is_batch = not isinstance(given, str) and not all(isinstance(v, int) for v in given)
