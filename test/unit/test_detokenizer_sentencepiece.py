@@ -110,3 +110,13 @@ def test_text_a_clean_up_pass_rewrites_streams_as_it_decodes(tokenizer):
     words = tokenizer.encode("one two three four five six", add_special_tokens=False)
     sent = [detok.step(["r"], [[i]], [None], [DecodeParams(stream=True)])[0] for i in words]
     assert sum(bool(piece) for piece in sent) >= len(words) // 2  # no stall until the end
+
+
+def test_a_stop_token_after_a_stray_byte_leaves_the_bytes_text(tokenizer):
+    # the stop token's text is left out, not the U+FFFD of the byte before it ('ok')
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = [*tokenizer.encode("ok", add_special_tokens=False), *byte_ids(tokenizer, 0x80), end]
+    detok = IncrementalDetokenizer(tokenizer)
+    finish = {"type": "stop", "matched": end}
+    text = detok.step(["r"], [ids], [finish], [DecodeParams(skip_special_tokens=False)])[0]
+    assert text == tokenizer.decode(ids[:-1])  # "ok\ufffd" with byte fallback
