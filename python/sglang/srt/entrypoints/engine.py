@@ -33,6 +33,7 @@ from sglang.srt.entrypoints import child_env
 from sglang.srt.entrypoints.per_prompt import option_per_prompt, per_prompt, sample_rids
 from sglang.srt.managers.forward_clock import ForwardClock, ForwardClocks
 from sglang.srt.managers.io_struct import (
+    LOGPROB_FIELDS,
     ChildFailed,
     ChildReady,
     EmbeddingReqInput,
@@ -40,7 +41,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.node_link import NodeLost, WorkerNodeLink
-from sglang.srt.managers.tokenizer_manager import LOGPROB_LISTS, TokenizerManager
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.runtime_context import get_observability
 from sglang.srt.sampling.param_types import InvalidParamError, check_num_samples
 
@@ -893,7 +894,7 @@ class _LoopStream:
 
 
 # meta_info lists that grow with the request; a stream chunk carries their new entries.
-_GROWING_META = LOGPROB_LISTS
+_GROWING_META = LOGPROB_FIELDS
 
 
 async def _incremental(cumulative: AsyncIterator[dict]) -> AsyncIterator[dict]:

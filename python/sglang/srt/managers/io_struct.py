@@ -196,6 +196,19 @@ class DecodeParams:
     stream: bool = False
 
 
+# The logprob lists BatchTokenIDOutput and BatchStrOutput carry per request: the output
+# ones hold the entries new since the request's last message, the input ones the whole
+# prompt's, once. The scheduler's LogprobState, the TokenizerManager's ReqState and
+# meta_info keep them under the same names.
+OUTPUT_LOGPROB_FIELDS = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+    "output_token_ids_logprobs",
+)
+INPUT_LOGPROB_FIELDS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
+LOGPROB_FIELDS = OUTPUT_LOGPROB_FIELDS + INPUT_LOGPROB_FIELDS
+
+
 @dataclass
 class BatchTokenIDOutput:
     """New tokens for a batch of requests since each one's previous output.

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from sglang.srt.managers.detokenizer_manager import BatchDetokenizer, token_piece_text
 from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.io_struct import (
+    LOGPROB_FIELDS,
     AbortReq,
     BatchStrOutput,
     BatchTokenIDOutput,
@@ -65,17 +66,6 @@ from sglang.srt.sampling.param_types import (
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-# The logprob lists a BatchStrOutput adds to, per request, that ReqState keeps, and
-# meta_info reports under the same names
-LOGPROB_LISTS = (
-    "output_token_logprobs",
-    "output_top_logprobs",
-    "output_token_ids_logprobs",
-    "input_token_logprobs",
-    "input_top_logprobs",
-    "input_token_ids_logprobs",
-)
 
 INLINE_TOKENIZE_CHARS = 16_384  # longer texts are tokenized off the event loop
 # An abandoned request's rid is held until the scheduler's finish for it arrives (ms);
@@ -769,7 +759,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
 
     @staticmethod
     def _absorb_logprobs(state: ReqState, msg: BatchStrOutput, i: int) -> None:
-        for name in LOGPROB_LISTS:
+        for name in LOGPROB_FIELDS:
             getattr(state, name).extend(getattr(msg, name)[i])
 
     def _resolve_control(self, msg: Any) -> None:

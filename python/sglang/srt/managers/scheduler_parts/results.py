@@ -15,7 +15,13 @@ from sglang.srt.managers.detokenizer_manager import (
     trim_incomplete_utf8,
 )
 from sglang.srt.managers.fault_injection import is_fatal
-from sglang.srt.managers.io_struct import BatchTokenIDOutput, DecodeParams
+from sglang.srt.managers.io_struct import (
+    INPUT_LOGPROB_FIELDS,
+    LOGPROB_FIELDS,
+    OUTPUT_LOGPROB_FIELDS,
+    BatchTokenIDOutput,
+    DecodeParams,
+)
 from sglang.srt.managers.request_errors import internal_error_reason, invalid_request_reason
 from sglang.srt.managers.schedule_batch import finish_length, finish_stop
 from sglang.srt.managers.scheduler_parts.grammar import grammar_param
@@ -278,21 +284,15 @@ def _decode_params_once(req: Req) -> DecodeParams | None:
     )
 
 
-# LogprobState's lists as BatchTokenIDOutput carries them: per output token, or the
-# whole prompt's once (with the first output)
-_OUTPUT_LOGPROB_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
-_INPUT_LOGPROB_LISTS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
-
-
 def _attach_logprobs(msg: BatchTokenIDOutput, reqs: list[Req]) -> None:
-    for name in _OUTPUT_LOGPROB_LISTS + _INPUT_LOGPROB_LISTS:
+    for name in LOGPROB_FIELDS:
         setattr(msg, name, [])
     for req in reqs:
         lp = req.logprobs
         send_input = lp is not None and not lp.input_sent and bool(req.output_ids or req.finished)
-        for name in _OUTPUT_LOGPROB_LISTS:
+        for name in OUTPUT_LOGPROB_FIELDS:
             getattr(msg, name).append(getattr(lp, name)[req.send_offset :] if lp else [])
-        for name in _INPUT_LOGPROB_LISTS:
+        for name in INPUT_LOGPROB_FIELDS:
             getattr(msg, name).append(getattr(lp, name) if send_input else [])
         if lp is not None:
             lp.input_sent = lp.input_sent or send_input
