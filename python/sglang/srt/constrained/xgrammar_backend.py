@@ -13,7 +13,7 @@ from typing import Any
 import pydantic
 import torch
 import xgrammar as xgr
-from xgrammar.structural_tag import GrammarFormat, JSONSchemaFormat
+from xgrammar.structural_tag import GrammarFormat, JSONSchemaFormat, TagFormat
 
 from sglang.srt.constrained.base import (
     ANY_JSON_OBJECT,
@@ -144,7 +144,8 @@ def json_strings_without_controls(ebnf: str) -> str:
 
 
 def _from_sglang_form(spec: dict[str, Any]) -> xgr.StructuralTag:
-    """SGLang's structural tag, its shape and every schema checked (400s naming why)."""
+    """SGLang's structural tag, its shape checked (400s naming why; the schemas are
+    checked with every form's, _with_json_whitespace)."""
     structures, triggers = spec.get("structures"), spec.get("triggers")
     if not isinstance(structures, list) or not structures:
         raise InvalidGrammarError("invalid structural_tag: 'structures' must be a non-empty list",
@@ -163,12 +164,6 @@ def _from_sglang_form(spec: dict[str, Any]) -> xgr.StructuralTag:
         if not isinstance(schema, (dict, bool)):
             raise InvalidGrammarError(f"{where} needs a JSON schema object 'schema'",
                                       STRUCTURAL_TAG)  # fmt: skip
-        reason = unsupported_feature(schema)
-        if reason is not None:
-            raise InvalidGrammarError(
-                f"the JSON schema of {structure['begin']!r} cannot be enforced: {reason}",
-                STRUCTURAL_TAG,
-            )
         items.append(xgr.StructuralTagItem(begin=structure["begin"], schema=json.dumps(schema),
                                            end=structure["end"]))  # fmt: skip
     return xgr.StructuralTag.from_legacy_structural_tag(items, triggers)
@@ -182,7 +177,12 @@ def _with_json_whitespace(node: Any, any_whitespace: bool) -> Any:
     positive; XML-style parts allow single spaces). Without one a weak model may write
     whitespace until its length runs out."""
     if isinstance(node, JSONSchemaFormat):
-        return _limited_json_part(node, any_whitespace)
+        return _limited_json_part(node, any_whitespace, "a JSON schema of the structural_tag")
+    if isinstance(node, TagFormat) and isinstance(node.content, JSONSchemaFormat):
+        where = f"the JSON schema of {node.begin!r}"  # the tag a client knows it by
+        return node.model_copy(
+            update={"content": _limited_json_part(node.content, any_whitespace, where)}
+        )
     if isinstance(node, pydantic.BaseModel):
         names = type(node).model_fields
         limited = {
@@ -194,12 +194,10 @@ def _with_json_whitespace(node: Any, any_whitespace: bool) -> Any:
     return node
 
 
-def _limited_json_part(part: JSONSchemaFormat, any_whitespace: bool) -> Any:
+def _limited_json_part(part: JSONSchemaFormat, any_whitespace: bool, where: str) -> Any:
     reason = unsupported_feature(part.json_schema)
     if reason is not None:
-        raise InvalidGrammarError(
-            f"a JSON schema of the structural_tag cannot be enforced: {reason}", STRUCTURAL_TAG
-        )
+        raise InvalidGrammarError(f"{where} cannot be enforced: {reason}", STRUCTURAL_TAG)
     if part.max_whitespace_cnt is not None:
         return part
     if any_whitespace or part.style != "json":

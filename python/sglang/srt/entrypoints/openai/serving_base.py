@@ -73,9 +73,9 @@ def choice_rids(request_id: str, user_rid: str | None, num_choices: int) -> list
     """The TokenizerManager rid of each choice. One choice runs under the caller's rid,
     else the response's id, so abort_request with the `id` a client saw reaches it (as
     in SGLang); several are `<rid>-<k>` under that parent (mark_samples)."""
-    if num_choices == 1:
-        return [user_rid or request_id]
     base = user_rid or request_id
+    if num_choices == 1:
+        return [base]
     return [f"{base}-{i}" for i in range(num_choices)]
 
 

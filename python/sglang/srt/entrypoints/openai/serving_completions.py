@@ -130,7 +130,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if request.logprobs is not None:
             logprobs = self._prompt_logprobs(request, meta)
             tokens, tops = output_slices(meta, 0)
-            offsets = self._output_offsets(request, len(echo))
+            offsets = self._text_offsets(request, len(echo))
             merge_completion_logprobs(logprobs, self._logprobs(request, tokens, tops, offsets))
         return CompletionChoice(
             index=index,
@@ -151,13 +151,17 @@ class OpenAIServingCompletion(OpenAIServingBase):
             tokens, tops if request.logprobs else None, self.tokenizer, offsets
         )
 
-    def _output_offsets(self, request: CompletionRequest, start: int) -> TextOffsets:
-        """text_offset of the output tokens, from `start`: the special tokens the text
-        skips take no room, and a SentencePiece decode's dropped first space neither."""
+    def _text_offsets(
+        self, request: CompletionRequest, start: int, is_output: bool = True
+    ) -> TextOffsets:
+        """text_offset from `start`: a SentencePiece decode's dropped first space takes no
+        room, and in the output neither do the special tokens its text skips (the echoed
+        prompt keeps their text)."""
         if self.tokenizer is None:
             return TextOffsets(start)
         silent, drops_space = self._decode_traits
-        return TextOffsets(start, silent if request.skip_special_tokens else (), drops_space)
+        skipped = silent if is_output and request.skip_special_tokens else ()
+        return TextOffsets(start, skipped, drops_space)
 
     @functools.cached_property
     def _decode_traits(self) -> tuple[frozenset[int], bool]:
@@ -171,8 +175,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if not request.echo:
             return CompletionLogProbs()
         tokens = meta.get("input_token_logprobs") or []
-        # the echoed prompt keeps its special tokens' text, and drops a first `▁` space too
-        offsets = TextOffsets(0, (), self.tokenizer is not None and self._decode_traits[1])
+        offsets = self._text_offsets(request, 0, is_output=False)
         return self._logprobs(request, tokens, meta.get("input_top_logprobs"), offsets)
 
     def _delta_chunks(
@@ -206,7 +209,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
             logprobs = CompletionLogProbs()
         else:
             logprobs = self._prompt_logprobs(request, meta)
-            state.logprob_offsets = self._output_offsets(request, echo_len)
+            state.logprob_offsets = self._text_offsets(request, echo_len)
         tokens, tops = output_slices(meta, state.take_logprob_start(meta))
         merge_completion_logprobs(
             logprobs, self._logprobs(request, tokens, tops, state.logprob_offsets)

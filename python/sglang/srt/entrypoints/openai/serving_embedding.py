@@ -117,16 +117,7 @@ class OpenAIServingEmbedding:
             raise APIError(EMBEDDING_REFUSED, param=None, code="model_not_embedding")
         field = request.prompt_field()
         given = getattr(request, field)
-        prompts = split_inputs(given, field)
-        if isinstance(request.rid, list):
-            try:
-                rids = per_prompt(request.rid, len(prompts), "rid")
-            except ValueError as exc:
-                raise APIError(str(exc), param="rid", code="invalid_value") from None
-            objs = [EmbeddingReqInput(**prompt_fields(p), rid=r, dimensions=request.dimensions)
-                    for p, r in zip(prompts, rids)]  # fmt: skip
-        else:
-            objs = self._inputs(prompts, request.rid, request.dimensions)
+        objs = self._inputs(split_inputs(given, field), request.rid, request.dimensions)
 
         def param_of(path: str) -> str:  # the prompt's errors name the field it came in
             return field if path in ("text", "input_ids") else path
@@ -143,15 +134,23 @@ class OpenAIServingEmbedding:
 
     @staticmethod
     def _inputs(
-        prompts: list[EmbeddingPrompt], rid: str | None, dimensions: int | None
+        prompts: list[EmbeddingPrompt], rid: str | list[str] | None, dimensions: int | None
     ) -> list[EmbeddingReqInput]:
+        """One request per prompt; `rid` one (`<rid>-<k>` for several prompts) or one
+        per prompt (/encode, as SGLang)."""
         request_id = new_request_id("embd")
-        rids = choice_rids(request_id, rid, len(prompts))
+        if isinstance(rid, list):
+            try:
+                rids = per_prompt(rid, len(prompts), "rid")
+            except ValueError as exc:
+                raise APIError(str(exc), param="rid", code="invalid_value") from None
+        else:
+            rids = choice_rids(request_id, rid, len(prompts))
         objs = [
             EmbeddingReqInput(**prompt_fields(p), rid=r, dimensions=dimensions)
             for p, r in zip(prompts, rids)
         ]
-        return mark_samples(objs, request_id, rid)
+        return objs if isinstance(rid, list) else mark_samples(objs, request_id, rid)
 
     async def _collect(
         self,
