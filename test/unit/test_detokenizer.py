@@ -208,10 +208,17 @@ def test_rust_decoder_gives_batch_decode_text(tokenizer, skip):
     assert got == tokenizer.batch_decode([tokenizer.encode(text)], skip_special_tokens=skip)[0]
 
 
-def test_clean_up_tokenization_keeps_batch_decode(tokenizer, monkeypatch):
-    """A tokenizer that cleans up spaces after decoding keeps the transformers path."""
+def test_rust_path_only_where_decode_runs_no_clean_up_pass(tokenizer, monkeypatch):
+    """The flag alone does not pick the transformers path: transformers 5 ignores it for
+    BPE models (Llama 3 sets it), and then the rust decode gives decode's text."""
     from sglang.srt.managers.detokenizer_manager import rust_decoder
 
     monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
-    assert rust_decoder(tokenizer) is None
+    ids = tokenizer.encode("a , b . it ' s", add_special_tokens=False)
+    cleans = tokenizer.decode(ids) != tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+    assert (rust_decoder(tokenizer) is None) == cleans
+    forced = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+    monkeypatch.setattr(tokenizer, forced, True, raising=False)
+    assert tokenizer.decode(ids) != tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+    assert rust_decoder(tokenizer) is None  # decode cleans up now
     assert rust_decoder(_PoisonTokenizer(tokenizer)) is None

@@ -12,6 +12,8 @@ from transformers import AutoTokenizer
 from sglang.srt.managers.detokenizer_manager import (
     IncrementalDetokenizer,
     byte_fallback_ids,
+    cleaned_tail,
+    cleanup_cut,
     stop_window,
 )
 from sglang.srt.managers.io_struct import DecodeParams
@@ -109,7 +111,59 @@ def test_text_a_clean_up_pass_rewrites_streams_as_it_decodes(tokenizer):
     detok = IncrementalDetokenizer(tokenizer)
     words = tokenizer.encode("one two three four five six", add_special_tokens=False)
     sent = [detok.step(["r"], [[i]], [None], [DecodeParams(stream=True)])[0] for i in words]
-    assert sum(bool(piece) for piece in sent) >= len(words) // 2  # no stall until the end
+    assert "".join(sent) == "one two three four five six"  # streamed with no finish
+
+
+def _punctuated_text(rng: random.Random, words: int) -> str:
+    pieces = ["the", "dog", "is", "n't", "'s", "'re", "'", ",", ".", "?", "!", "a", "x y",
+              "it", "cat", "  ", "name", "'m", "'ve", "toy"]  # fmt: skip
+    return " ".join(rng.choice(pieces) for _ in range(words))
+
+
+def test_long_clean_up_streams_decode_each_token_a_bounded_number_of_times(tokenizer):
+    # the pass runs from a split point it cannot cross: the text is decode's at every
+    # chunking, and a 600-token stream decodes ~2 windows a token, not its whole output
+    rng = random.Random(1)
+    for _ in range(20):
+        ids = tokenizer.encode(_punctuated_text(rng, 60), add_special_tokens=False)
+        for chunk in (1, 2, 5):
+            assert streamed(tokenizer, ids, chunk) == tokenizer.decode(ids, skip_special_tokens=True)
+    ids = tokenizer.encode(_punctuated_text(rng, 600), add_special_tokens=False)
+    detok, decoded_tokens = IncrementalDetokenizer(tokenizer), []
+    if detok._rust_raw is not None:
+        rust = detok._rust_raw
+
+        class Counting:
+            def decode(self, seq, **kw):
+                decoded_tokens.append(len(seq))
+                return rust.decode(seq, **kw)
+
+        detok._rust_raw = Counting()
+    params, text = DecodeParams(stream=True), ""
+    for i, token in enumerate(ids):
+        finish = {"type": "length", "matched": None} if i == len(ids) - 1 else None
+        text += detok.step(["r"], [[token]], [finish], [params])[0]
+    assert text == tokenizer.decode(ids, skip_special_tokens=True)
+    if decoded_tokens:  # the BPE layout's decode runs no pass: no raw decoding then
+        assert sum(decoded_tokens) < 16 * len(ids), (sum(decoded_tokens), len(ids))
+
+
+def test_the_clean_up_pass_splits_and_holds_where_no_later_text_changes_it(tokenizer):
+    # the pure rule behind streaming a clean-up pass: what is sent at any point is a
+    # prefix of the pass over the whole text ("x ' " reads "x'", but "x ' ?" is "x '?")
+    clean = tokenizer.clean_up_tokenization
+    rng = random.Random(2)
+    alphabet = [" ", "'", ".", "?", ",", "!", "n", "t", "s", "m", "v", "e", "r", "a", " '"]
+    for _ in range(20000):
+        raw = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 16)))
+        pos, done, end = 0, "", 0
+        while end < len(raw):
+            end = min(len(raw), end + rng.randrange(1, 4))
+            cut = cleanup_cut(raw[:end], pos)
+            done, pos = done + clean(raw[pos:cut]), cut
+            sent = done + cleaned_tail(raw[pos:end], clean)
+            assert clean(raw).startswith(sent), (raw, raw[:end], sent)
+        assert done + clean(raw[pos:]) == clean(raw), raw
 
 
 def test_a_stop_token_after_a_stray_byte_leaves_the_bytes_text(tokenizer):

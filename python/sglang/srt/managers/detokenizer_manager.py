@@ -38,6 +38,10 @@ class DecodeState:
     ids[surr_offset:read_offset] decoded and emitted; re-decoded as context
     ids[read_offset:]            not yet decoded into `text`
     text[:sent_len]              already sent to the TokenizerManager
+
+    With a clean-up pass, the splice builds `raw` (the decode without the pass) and
+    text = clean_text + the settled part of clean(raw[clean_pos:]), where
+    clean_text = clean(raw[:clean_pos]) (see `cleanup_cut`).
     """
 
     params: DecodeParams
@@ -46,6 +50,9 @@ class DecodeState:
     read_offset: int = 0
     text: str = ""
     sent_len: int = 0
+    raw: str = ""
+    clean_pos: int = 0
+    clean_text: str = ""
 
 
 def find_stop(
@@ -190,31 +197,83 @@ def partial_stop_len(text: str, stop_strs: Sequence[str]) -> int:
     return longest
 
 
-# What transformers' clean-up pass removes a space in front of ("' " stands for " ' ")
-_CLEANUP_FOLLOWERS = (".", "?", "!", ",", "' ", "n't", "'m", "'s", "'ve", "'re")
-
-
-def cleanup_settled_len(text: str) -> int:
-    """How much of a cleaned-up text later tokens cannot change: up to the first space
-    of its tail that what follows may still turn into one the pass removes."""
-    for i in range(max(0, len(text) - 4), len(text)):  # followers are at most 3 characters
-        if text[i] == " " and any(f.startswith(text[i + 1 :]) for f in _CLEANUP_FOLLOWERS):
+def cleanup_hold(text: str) -> int:
+    """Where the part of a text a clean-up pass may still rewrite starts: the first space
+    among its last 6 characters (the pass's patterns start with a space and are at most 4
+    characters; a later character can undo a match before it, " ' " + "." is "'." but
+    " ' ." is " '.", so the hold reaches past one pattern). Fuzzed over random strings
+    of the patterns' characters in test_detokenizer_sentencepiece."""
+    for i in range(max(0, len(text) - _CLEANUP_HOLD_CHARS), len(text)):
+        if text[i] == " ":
             return i
     return len(text)
 
 
-def rust_decoder(tokenizer: Any) -> Any | None:
-    """The `tokenizers.Tokenizer` behind a fast HF tokenizer when decoding through it gives
-    batch_decode's text (no clean-up pass; spaces_between_special_tokens only applies to
-    slow tokenizers), else None. transformers' decode adds ~10 us of Python per sequence
-    (to_py_obj, kwargs, list building): a third of the HTTP process's time per streamed
-    token at concurrency 1."""
+_CLEANUP_HOLD_CHARS = 6
+
+
+def cleaned_tail(raw_tail: str, clean: Callable[[str], str]) -> str:
+    """What of clean(raw_tail) no later character changes: the pass over the text before
+    the hold, where the whole tail's pass starts with it."""
+    settled = clean(raw_tail[: cleanup_hold(raw_tail)])
+    return settled if clean(raw_tail).startswith(settled) else ""
+
+
+def cleanup_cut(raw: str, start: int) -> int:
+    """The furthest split point p > start near the end of `raw` with
+    clean(raw[start:]) == clean(raw[start:p]) + clean(raw[p:]), else start. Every pattern
+    of the pass starts with a space and is at most 4 characters, and the pass only
+    deletes spaces: with no space among the (up to 3) characters before p, no match of
+    any stage can start before p and end after it."""
+    for p in range(len(raw), max(start, len(raw) - _CUT_SEARCH_CHARS), -1):
+        if " " not in raw[max(start, p - 3) : p]:
+            return p
+    return start
+
+
+_CUT_SEARCH_CHARS = 8  # a text without 3 characters between spaces keeps one tail
+
+
+_STANDARD_CLEANUP = "PreTrainedTokenizerBase.clean_up_tokenization"
+_CLEANUP_PROBE = "a , b . c ? d ! e ' s f n't g 're"
+
+
+def decode_cleans_up(tokenizer: Any) -> bool:
+    """Whether `tokenizer.decode` runs transformers' clean-up pass (" ." -> "."). The flag
+    alone does not say: transformers 5 skips the pass for BPE models (Llama 3 sets the
+    flag), so a probe text decoded both ways decides; the flag where the probe's tokens
+    decode to no pattern of the pass."""
+    if tokenizer is None or not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return False
+    ids = tokenizer.encode(_CLEANUP_PROBE, add_special_tokens=False)
+    raw = tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+    cleaned = tokenizer.clean_up_tokenization(raw)
+    if cleaned == raw:
+        return True
+    return tokenizer.decode(ids) == cleaned
+
+
+def splices_cleanup(tokenizer: Any) -> bool:
+    """Whether the pass is transformers' own (the patterns `cleanup_cut` knows)."""
+    method = getattr(type(tokenizer), "clean_up_tokenization", None)
+    return getattr(method, "__qualname__", "") == _STANDARD_CLEANUP
+
+
+def raw_rust_decoder(tokenizer: Any) -> Any | None:
+    """The `tokenizers.Tokenizer` behind a fast HF tokenizer: batch_decode's text without
+    the clean-up pass (spaces_between_special_tokens only applies to slow tokenizers)."""
     rust = getattr(tokenizer, "_tokenizer", None)
     if rust is None or not callable(getattr(rust, "decode", None)):
         return None
-    if getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return None
     return rust
+
+
+def rust_decoder(tokenizer: Any) -> Any | None:
+    """The `tokenizers.Tokenizer` behind a fast HF tokenizer when decoding through it gives
+    batch_decode's text (its decode runs no clean-up pass), else None. transformers'
+    decode adds ~10 us of Python per sequence (to_py_obj, kwargs, list building): a
+    third of the HTTP process's time per streamed token at concurrency 1."""
+    return None if decode_cleans_up(tokenizer) else raw_rust_decoder(tokenizer)
 
 
 class IncrementalDetokenizer:
@@ -223,21 +282,28 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.states: dict[str, DecodeState] = {}
-        self._rust = rust_decoder(tokenizer)
         self.silent_ids = silent_token_ids(tokenizer)
         self.byte_ids = byte_fallback_ids(tokenizer)
         # a clean-up pass (" ." -> ".") may drop a space the next token follows
-        self._cleans_up = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self._cleans_up = decode_cleans_up(tokenizer)
+        self._splices_cleanup = self._cleans_up and splices_cleanup(tokenizer)
+        self._rust_raw = raw_rust_decoder(tokenizer)
+        self._rust = None if self._cleans_up else self._rust_raw
 
-    def _decode_many(self, seqs: list[list[int]], params: list[DecodeParams]) -> list[str]:
-        """batch_decode, one call per distinct (skip_special, spaces_between) pair."""
+    def _decode_many(
+        self, seqs: list[list[int]], params: list[DecodeParams], raw: bool = False
+    ) -> list[str]:
+        """batch_decode, one call per distinct (skip_special, spaces_between) pair;
+        `raw`: without the tokenizer's clean-up pass."""
         if self.tokenizer is None:  # skip_tokenizer_init: ids only
             return [""] * len(seqs)
-        if self._rust is not None:  # what batch_decode returns, without its Python layers
+        rust = self._rust_raw if raw else self._rust
+        if rust is not None:  # what batch_decode returns, without its Python layers
             return [
-                self._rust.decode(ids, skip_special_tokens=p.skip_special_tokens)
+                rust.decode(ids, skip_special_tokens=p.skip_special_tokens)
                 for ids, p in zip(seqs, params)
             ]
+        no_cleanup = {"clean_up_tokenization_spaces": False} if raw else {}
         groups: dict[tuple[bool, bool], list[int]] = {}
         for i, p in enumerate(params):
             key = (p.skip_special_tokens, p.spaces_between_special_tokens)
@@ -248,6 +314,7 @@ class IncrementalDetokenizer:
                 [seqs[i] for i in idxs],
                 skip_special_tokens=skip,
                 spaces_between_special_tokens=spaces,
+                **no_cleanup,
             )
             for i, text in zip(idxs, texts):
                 out[i] = text
@@ -282,7 +349,8 @@ class IncrementalDetokenizer:
             out[rid] = (
                 None
                 if st is None
-                else (st, len(st.ids), st.surr_offset, st.read_offset, st.text, st.sent_len)
+                else (st, len(st.ids), st.surr_offset, st.read_offset, st.text, st.sent_len,
+                      st.raw, st.clean_pos, st.clean_text)  # fmt: skip
             )
         return out
 
@@ -291,7 +359,8 @@ class IncrementalDetokenizer:
             if snap is None:
                 self.states.pop(rid, None)
                 continue
-            st, num_ids, st.surr_offset, st.read_offset, st.text, st.sent_len = snap
+            st, num_ids, st.surr_offset, st.read_offset, st.text, st.sent_len = snap[:6]
+            st.raw, st.clean_pos, st.clean_text = snap[6:]
             del st.ids[num_ids:]
             self.states[rid] = st
 
@@ -303,23 +372,38 @@ class IncrementalDetokenizer:
         return state
 
     def _advance_streaming(self, states: list[DecodeState]) -> None:
-        # Region [surr_offset, read_offset) is re-decoded so that token-boundary
-        # effects (leading-space handling, split UTF-8) are resolved in context.
         if not states:
             return
-        if self._cleans_up:
-            self._advance_cleaned(states)
+        if self._cleans_up and not self._splices_cleanup:
+            self._advance_cleaned_whole(states)
             return
+        pieces = self._splice(states, raw=self._cleans_up)
+        for state, piece in zip(states, pieces):
+            if piece is None:
+                continue
+            if self._cleans_up:
+                state.raw += piece
+                self._advance_cleaned(state)
+            else:
+                state.text += piece
+
+    def _splice(self, states: list[DecodeState], raw: bool) -> list[str | None]:
+        """The text each state's new tokens add, None where it may still change.
+        Region [surr_offset, read_offset) is re-decoded so that token-boundary effects
+        (leading-space handling, split UTF-8) are resolved in context."""
         params = [s.params for s in states]
         surr = [s.ids[s.surr_offset : s.read_offset] for s in states]
         full = [s.ids[s.surr_offset :] for s in states]
-        texts = self._decode_many(surr + full, params + params)
+        texts = self._decode_many(surr + full, params + params, raw=raw)
+        pieces: list[str | None] = []
         for i, state in enumerate(states):
             surr_text, new_text = texts[i], texts[len(states) + i]
             if self._unsettled(state, surr_text, new_text):
-                continue  # hold back until later tokens settle it
-            state.text += new_text[len(surr_text) :]
+                pieces.append(None)  # hold back until later tokens settle it
+                continue
+            pieces.append(new_text[len(surr_text) :])
             state.surr_offset, state.read_offset = state.read_offset, len(state.ids)
+        return pieces
 
     def _unsettled(self, state: DecodeState, surr_text: str, new_text: str) -> bool:
         """Whether the text the new tokens decode to may still change with later ones:
@@ -332,16 +416,28 @@ class IncrementalDetokenizer:
             or state.ids[-1] in self.byte_ids
         )
 
-    def _advance_cleaned(self, states: list[DecodeState]) -> None:
-        """A tokenizer with a clean-up pass (" ." -> ".", " ' " -> "'") rewrites text
-        across token boundaries, so a window's decode does not splice: the whole output
-        is decoded, and its text is kept up to a space the pass might still remove."""
+    def _advance_cleaned(self, state: DecodeState) -> None:
+        """A clean-up pass (" ." -> ".", " ' " -> "'") rewrites text across token
+        boundaries: the pass runs over the raw text from the last split point that it
+        cannot cross, and the result is kept up to where later text may still change it."""
+        clean = self.tokenizer.clean_up_tokenization
+        cut = cleanup_cut(state.raw, state.clean_pos)
+        if cut > state.clean_pos:
+            state.clean_text += clean(state.raw[state.clean_pos : cut])
+            state.clean_pos = cut
+        settled = state.clean_text + cleaned_tail(state.raw[state.clean_pos :], clean)
+        if len(settled) > len(state.text) and settled.startswith(state.text):
+            state.text = settled
+
+    def _advance_cleaned_whole(self, states: list[DecodeState]) -> None:
+        """A tokenizer with its own clean-up pass: the whole output is decoded, and its
+        text is kept up to where later text may still change it (O(tokens) a step)."""
         texts = self._decode_many([s.ids for s in states], [s.params for s in states])
         for state, text in zip(states, texts):
             if state.ids and state.ids[-1] in self.byte_ids:
                 continue
             text = trim_incomplete_utf8(text)
-            settled = text[: cleanup_settled_len(text)]
+            settled = text[: cleanup_hold(text)]
             if len(settled) > len(state.text) and settled.startswith(state.text):
                 state.text = settled
 
