@@ -166,13 +166,17 @@ def test_a_refused_weight_update_changes_no_rank(tiny_llama_dir):
 
 
 def test_dead_scheduler_of_one_rank_fails_requests_and_exits(tiny_llama_dir, tmp_path):
-    """A server with dp 2: killing DP rank 1's scheduler answers the requests in flight
-    within seconds, the server exits non-zero, and no process is left behind."""
-    srv = start_server(tiny_llama_dir, tmp_path / "server.log", "--dp-size", "2")
+    """A server with dp 2: a frozen DP rank 1 makes /health 503 while rank 0 keeps
+    sending output (it read 200 until the watchdog); killing rank 1's scheduler answers
+    the requests in flight within seconds, the server exits non-zero, and no process is
+    left behind."""
+    srv = start_server(tiny_llama_dir, tmp_path / "server.log", "--dp-size", "2",
+                       env={"SGLANG_HEALTH_TIMEOUT": "1"})  # fmt: skip
     try:
         tree = [psutil.Process(srv.proc.pid), *psutil.Process(srv.proc.pid).children(True)]
         states = requests.get(srv.base_url + "/server_info", timeout=30).json()["internal_states"]
         assert [s["dp_rank"] for s in states] == [0, 1]
+        assert_health_follows_a_frozen_rank(srv, psutil.Process(states[1]["pid"]))
         body = {
             "input_ids": [5, 6, 7],
             "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
@@ -193,6 +197,27 @@ def test_dead_scheduler_of_one_rank_fails_requests_and_exits(tiny_llama_dir, tmp
         assert_all_gone(tree)
     finally:
         srv.stop(signal.SIGKILL)
+
+
+def assert_health_follows_a_frozen_rank(srv, rank: psutil.Process) -> None:
+    """Two long requests (one a rank): rank 0 keeps streaming while rank 1 is stopped."""
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    with ThreadPoolExecutor(2) as pool:
+        busy = [pool.submit(requests.post, srv.base_url + "/generate", json=body, timeout=120)
+                for _ in range(2)]  # fmt: skip
+        rank.suspend()
+        try:
+            codes, deadline = [], time.monotonic() + 15
+            while 503 not in codes and time.monotonic() < deadline:
+                codes.append(requests.get(srv.base_url + "/health", timeout=30).status_code)
+                time.sleep(0.2)
+            requests.post(srv.base_url + "/abort_request", json={"abort_all": True}, timeout=30)
+        finally:
+            rank.resume()
+        for future in busy:
+            future.result(timeout=60)
+    assert codes[-1] == 503, codes
+    assert requests.get(srv.base_url + "/health", timeout=30).status_code == 200
 
 
 @pytest.mark.parametrize("role", ["dp_controller", "detokenizer"])

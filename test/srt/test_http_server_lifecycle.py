@@ -153,6 +153,39 @@ def test_update_weights_with_abort_all_requests(server, tiny_llama_dir):
     assert unknown.status_code == 400 and "weight_version" in unknown.text
 
 
+def test_update_weights_with_abort_all_under_steady_traffic(server, tiny_llama_dir):
+    """New requests keep coming (one every 10 ms, none waiting for another): the update
+    aborts those in flight, holds the new ones until it is done, then serves them; it
+    used to wait for a moment with no request in flight and was refused after 30 s."""
+    stop, statuses, threads = threading.Event(), [], []
+    body = {"text": "Once", "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}
+
+    def one() -> None:
+        r = requests.post(server.base_url + "/generate", json=body, headers=AUTH, timeout=120)
+        statuses.append((r.status_code, r.json()["meta_info"]["finish_reason"]["type"]))
+
+    def traffic() -> None:
+        while not stop.wait(0.01):
+            thread = threading.Thread(target=one, daemon=True)
+            thread.start()
+            threads.append(thread)
+
+    feeder = threading.Thread(target=traffic, daemon=True)
+    feeder.start()
+    time.sleep(0.5)
+    url = server.base_url + "/update_weights_from_disk"
+    done = requests.post(url, headers=AUTH, timeout=120,
+                         json={"model_path": str(tiny_llama_dir), "abort_all_requests": True})  # fmt: skip
+    time.sleep(0.5)
+    stop.set()
+    feeder.join()
+    for thread in list(threads):
+        thread.join(timeout=120)
+    assert done.status_code == 200 and done.json()["success"] is True, done.text
+    assert all(code == 200 for code, _ in statuses), statuses
+    assert {"abort", "length"} <= {reason for _, reason in statuses}
+
+
 def _group_alive(pgid: int) -> bool:
     return any(_pgid(p) == pgid for p in psutil.process_iter())
 

@@ -205,6 +205,9 @@ class FakeTokenizerManager:
     def seconds_since_output(self) -> float:
         return float("inf")  # /health always asks get_internal_state
 
+    def stalled_ranks(self, limit_s: float) -> list[int]:
+        return []
+
     async def get_internal_state(self) -> list[dict[str, Any]]:
         return [{"num_running_reqs": len(self.running), "num_queued_reqs": 0, "token_usage": 0.1,
                  "cache_hit_rate": 0.5, "last_gen_throughput": 12.0,

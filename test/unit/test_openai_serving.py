@@ -680,6 +680,30 @@ def test_health_503_when_scheduler_does_not_answer(client, tm, monkeypatch):
         monkeypatch.setattr(tm, "scheduler_busy_for_s", lambda: None)
         monkeypatch.setattr(tm, "seconds_since_output", lambda: 0.01)
         assert client.get("/health").status_code == 200
+        # output from one DP rank says nothing of a frozen other
+        monkeypatch.setattr(tm, "stalled_ranks", lambda limit_s: [1])
+        frozen = client.get("/health")
+        assert frozen.status_code == 503 and frozen.json() == {"status": "unhealthy"}
+
+
+def test_health_body_says_dead_once_a_child_died(client, tm, monkeypatch):
+    monkeypatch.setattr(tm, "is_alive", lambda: False)  # the status is READY until exit
+    response = client.get("/health")
+    assert response.status_code == 503 and response.json() == {"status": "dead"}
+
+
+def test_a_rank_is_stalled_when_it_neither_steps_nor_runs_a_forward():
+    from sglang.srt.managers.forward_clock import ForwardClock, ForwardClocks
+
+    stepping, frozen, in_forward, loading = (ForwardClock() for _ in range(4))
+    for clock in (stepping, frozen, in_forward):
+        clock.step()
+    frozen._shared[1] -= 60.0  # last stepped a minute ago
+    in_forward._shared[1] -= 60.0
+    in_forward.start()  # its own watchdog ends a forward past --watchdog-timeout
+    clocks = ForwardClocks([stepping, frozen, in_forward, loading])
+    assert clocks.stalled_ranks(5.0) == [1]
+    assert frozen.stalled_ranks(5.0) == [0] and stepping.stalled_ranks(5.0) == []
 
 
 def test_forward_clock_is_shared_between_processes():

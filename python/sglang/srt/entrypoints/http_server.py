@@ -218,6 +218,8 @@ async def retrieve_model(model_id: str, raw_request: Request) -> ModelCard:
 async def health(raw_request: Request) -> Response:
     """200 when ready, every child alive, and the scheduler answers between its steps."""
     state = server_state(raw_request)
+    if not state.tokenizer_manager.is_alive():  # a child died; the server is exiting
+        return JSONResponse({"status": ServerStatus.DEAD.value}, status_code=503)
     if not state.is_healthy():
         return JSONResponse({"status": state.status.value}, status_code=503)
     if not await _scheduler_answers(state.tokenizer_manager):  # ready, yet stuck
@@ -230,8 +232,14 @@ async def _scheduler_answers(tokenizer_manager: Any) -> bool:
 
     Output from the runtime within the timeout counts as an answer, and so does a
     forward in progress (the scheduler's watchdog ends one that runs past
-    --watchdog-timeout): /health stays fast under a burst and during a long prefill."""
+    --watchdog-timeout): /health stays fast under a burst and during a long prefill.
+    First, every DP rank must have stepped or been in a forward within the timeout:
+    output from one rank says nothing of a frozen other."""
     timeout_s = envs.SGLANG_HEALTH_TIMEOUT.get()
+    stalled = tokenizer_manager.stalled_ranks(timeout_s)
+    if stalled:
+        logger.warning("health check: DP rank(s) %s did not step for %.0f s", stalled, timeout_s)
+        return False
     if tokenizer_manager.seconds_since_output() < timeout_s:
         return True
     if tokenizer_manager.scheduler_busy_for_s() is not None:
@@ -284,7 +292,7 @@ async def health_generate(raw_request: Request) -> Response:
     try:
         await generate_one_token(state.tokenizer_manager, _health_generate_timeout_s())
     except Exception as exc:
-        logger.warning("health_generate failed: %s", exc)
+        logger.warning("health_generate failed: %r", exc)  # a timeout's str() is empty
         return JSONResponse({"status": "unhealthy", "message": str(exc)}, status_code=503)
     return JSONResponse({"status": "ok"})
 

@@ -53,6 +53,15 @@ class ForwardClock:
         stepped = self._shared[_LAST_STEP]
         return None if stepped == _IDLE else time.monotonic() - stepped
 
+    def stalled(self, limit_s: float) -> bool:
+        """Neither stepped nor inside a forward for over `limit_s` (an idle loop steps
+        every 50 ms): frozen or deadlocked."""
+        silent_s = self.silent_for_s()
+        return silent_s is not None and silent_s > limit_s and self.busy_for_s() is None
+
+    def stalled_ranks(self, limit_s: float) -> list[int]:
+        return [0] if self.stalled(limit_s) else []
+
 
 class ForwardClocks:
     """The clocks of several DP ranks read as one: busy while any rank is in a forward."""
@@ -63,3 +72,7 @@ class ForwardClocks:
     def busy_for_s(self) -> float | None:
         busy = [s for s in (c.busy_for_s() for c in self.clocks) if s is not None]
         return max(busy) if busy else None
+
+    def stalled_ranks(self, limit_s: float) -> list[int]:
+        """The DP ranks (in this node's order) stalled past `limit_s`."""
+        return [rank for rank, clock in enumerate(self.clocks) if clock.stalled(limit_s)]

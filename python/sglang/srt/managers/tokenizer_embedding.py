@@ -76,10 +76,11 @@ class TokenizerEmbeddingMixin:
         self.check_serves_embeddings()
         self._ensure_handle_loop()
         tokenized = await self._tokenize_embedding_off_loop(obj)
+        await self._wait_for_weight_update()
         state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
         self._register(state)
-        self.send_to_scheduler.send(tokenized)
         try:
+            self.send_to_scheduler.send(tokenized)
             await _wait_finished(state)
         finally:
             self._release(state)

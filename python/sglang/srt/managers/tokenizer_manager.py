@@ -209,6 +209,9 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self._parent_rids: Counter[str] = Counter()  # parent rid -> its samples in flight
         self._idle = asyncio.Event()  # set while rid_to_state is empty
         self._idle.set()
+        self._admitting = asyncio.Event()  # cleared while a weight update runs
+        self._admitting.set()
+        self._updates_running = 0
         self._control_waiters: dict[type, deque[_ReplyCollector]] = {}
         self._config_updates: dict[str, Any] = {}
         self._dead_message: str | None = None
@@ -315,14 +318,22 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self.check_serves_generation()
         self._ensure_handle_loop()
         tokenized = await self._tokenize_off_loop(obj)
+        await self._wait_for_weight_update()
         state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
         self._register(state)
-        self.send_to_scheduler.send(tokenized)
         try:
+            self.send_to_scheduler.send(tokenized)
             async for out in self._wait_outputs(state):
                 yield out
         finally:
             self._release(state)
+
+    async def _wait_for_weight_update(self) -> None:
+        """A request that comes during a weight update waits for it to end (SGLang's
+        model update lock), then runs on the new weights."""
+        if not self._admitting.is_set():
+            await self._admitting.wait()
+            self._check_alive()
 
     def _register(self, state: ReqState) -> None:
         """Track `state` under its rid; a ValueError if the rid is taken: by a request in
@@ -694,6 +705,10 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         """Seconds the scheduler's current forward has run; None between forwards."""
         return None if self.forward_clock is None else self.forward_clock.busy_for_s()
 
+    def stalled_ranks(self, limit_s: float) -> list[int]:
+        """Local DP ranks whose scheduler neither stepped nor ran a forward for `limit_s`."""
+        return [] if self.forward_clock is None else self.forward_clock.stalled_ranks(limit_s)
+
     def seconds_since_output(self) -> float:
         """Seconds since the runtime last sent anything (inf before the first message)."""
         if self._last_output_at is None:
@@ -808,7 +823,20 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self, model_path: str, load_format: str | None = None, abort_all_requests: bool = False
     ) -> tuple[bool, str]:
         """Load new weights on every rank; refused while requests are in flight, unless
-        `abort_all_requests` (SGLang's field): then they are aborted first."""
+        `abort_all_requests` (SGLang's field): then they are aborted first. Requests that
+        come meanwhile wait for the update (else steady traffic never lets it start)."""
+        self._updates_running += 1
+        self._admitting.clear()
+        try:
+            return await self._update_weights(model_path, load_format, abort_all_requests)
+        finally:
+            self._updates_running -= 1
+            if not self._updates_running:
+                self._admitting.set()
+
+    async def _update_weights(
+        self, model_path: str, load_format: str | None, abort_all_requests: bool
+    ) -> tuple[bool, str]:
         if abort_all_requests and self.rid_to_state:
             count = self.abort_all("Aborted for a weight update.")
             logger.info("weight update: aborted %d request(s) in flight", count)
