@@ -316,6 +316,24 @@ def test_bad_seeds_and_token_ids_with_n_name_their_field(engine):
         assert info.value.param == "input_ids"
 
 
+def test_sglang_generate_keywords_are_taken_at_their_defaults(engine):
+    """SGLang code passes its Engine.generate keywords as None / False: accepted; a value
+    this server does not implement is refused naming it (as the HTTP 400), never a
+    TypeError about an internal class. Unit cases: test/unit/test_engine_validation.py."""
+    nulls = dict(image_data=None, audio_data=None, video_data=None, lora_path=None,
+                 custom_logit_processor=None, return_hidden_states=False, bootstrap_host=None,
+                 bootstrap_port=None, bootstrap_room=None, data_parallel_rank=None,
+                 logprob_start_len=None, top_logprobs_num=None, token_ids_logprob=None)  # fmt: skip
+    assert len(engine.generate(PROMPT, greedy(2), **nulls)["output_ids"]) == 2
+    for name, value in [("lora_path", "adapter"), ("image_data", "x.png"),
+                        ("data_parallel_rank", 1)]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"{name}: .*not supported") as info:
+            engine.generate(PROMPT, greedy(2), **{name: value})
+        assert info.value.param == name
+    with pytest.raises(ValueError, match="every prompt's n must be the same"):
+        engine.generate([PROMPT, PROMPT], [greedy(1, n=1), greedy(1, n=3)])
+
+
 def test_an_unset_max_new_tokens_is_cut_to_the_room_left(engine):
     """SGLang's rule: the default 128 shrinks to what the context (256) leaves; only a
     max_new_tokens the caller set is refused for not fitting."""

@@ -27,10 +27,17 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import psutil
+from pydantic import ValidationError
 
 from sglang.srt.arg_groups.cuda_probe import cuda_available
 from sglang.srt.entrypoints import child_env
-from sglang.srt.entrypoints.per_prompt import option_per_prompt, per_prompt, sample_rids
+from sglang.srt.entrypoints.per_prompt import (
+    check_prompt_count,
+    check_same_n,
+    option_per_prompt,
+    params_per_prompt,
+    sample_rids,
+)
 from sglang.srt.managers.forward_clock import ForwardClock, ForwardClocks
 from sglang.srt.managers.io_struct import (
     LOGPROB_FIELDS,
@@ -68,6 +75,41 @@ class RequestOptions(TypedDict, total=False):
     logprob_start_len: int | list[int]
     return_text_in_logprobs: bool
     rid: Any
+
+
+# SGLang's Engine.generate / encode keywords that no HTTP route has, and that this server
+# does not implement: accepted at their default (None, False, or the value below) as
+# SGLang code passes them, refused naming the keyword otherwise (either method takes any). The request fields the routes
+# refuse too (priority, lora_path, ...) are checked by the routes' own model,
+# UnsupportedSGLangFields.
+_NOT_IMPLEMENTED = {
+    "image_data": "multimodal inputs are not supported by this server",
+    "audio_data": "multimodal inputs are not supported by this server",
+    "video_data": "multimodal inputs are not supported by this server",
+    "mm_hashes": "multimodal inputs are not supported by this server",
+    "mm_content_hashes": "multimodal inputs are not supported by this server",
+    "require_reasoning": "require_reasoning is not supported by this server",
+    "return_routed_experts": "return_routed_experts is not supported by this server",
+    "routed_experts_start_len": "return_routed_experts is not supported by this server",
+    "bootstrap_host": "prefill/decode disaggregation is not supported by this server",
+    "bootstrap_port": "prefill/decode disaggregation is not supported by this server",
+    "bootstrap_room": "prefill/decode disaggregation is not supported by this server",
+    "disagg_prefill_dp_rank": "prefill/decode disaggregation is not supported by this server",
+    "kv_router_hint": "KV router hints are not supported by this server",
+    "external_trace_header": "external trace headers are not supported by this server",
+    "session_id": "sessions are not supported by this server",
+    "cache_salt": "cache salts are not supported by this server",
+    "embed_override_token_id": "embedding overrides are not supported by this server",
+    "embed_overrides": "embedding overrides are not supported by this server",
+}
+_NOT_IMPLEMENTED_DEFAULTS = {"routed_experts_start_len": 0}
+# The DP controller routes each request by --load-balance-method; with one DP rank the
+# only rank, 0, is accepted (SGLang ignores it there too).
+_DP_RANK_KEYWORDS = ("routed_dp_rank", "data_parallel_rank")
+_ROUTING_REFUSED = (
+    "routing a request to a chosen DP rank is not supported by this server "
+    "(--load-balance-method picks the rank)"
+)
 
 
 class ChildStartupError(RuntimeError):
@@ -690,6 +732,7 @@ class Engine:
         **options: Unpack[RequestOptions],
     ) -> Any:
         """dict (one prompt), list of dicts (a list, or n > 1), or an iterator when streaming."""
+        options = _own_keywords("generate", options, RequestOptions.__annotations__, self._dp_ranks)
         reqs, is_batch = _build_requests(prompt, sampling_params, input_ids, stream, **options)
         if stream:
             return self._stream_sync(reqs)
@@ -704,6 +747,9 @@ class Engine:
         stream: bool = False,
         **options: Unpack[RequestOptions],
     ) -> Any:
+        options = _own_keywords(
+            "async_generate", options, RequestOptions.__annotations__, self._dp_ranks
+        )
         reqs, is_batch = _build_requests(prompt, sampling_params, input_ids, stream, **options)
         if stream:
             return self._stream_async(reqs)
@@ -790,9 +836,11 @@ class Engine:
         input_ids: Any = None,
         dimensions: int | None = None,
         rid: Any = None,
+        **sglang_keywords: Any,
     ) -> Any:
         """Embeddings from an `--is-embedding` engine: {"embedding", "meta_info"} for one
         prompt (text or ids), a list of them for a list; the requests batch together."""
+        _own_keywords("encode", sglang_keywords, (), self._dp_ranks)
         reqs, is_batch = _embedding_requests(prompt, input_ids, dimensions, rid)
         results = self._run(self._gather(reqs, self.tokenizer_manager.encode_request))
         return results if is_batch else results[0]
@@ -803,10 +851,16 @@ class Engine:
         input_ids: Any = None,
         dimensions: int | None = None,
         rid: Any = None,
+        **sglang_keywords: Any,
     ) -> Any:
+        _own_keywords("async_encode", sglang_keywords, (), self._dp_ranks)
         reqs, is_batch = _embedding_requests(prompt, input_ids, dimensions, rid)
         results = await self._arun(self._gather(reqs, self.tokenizer_manager.encode_request))
         return results if is_batch else results[0]
+
+    @property
+    def _dp_ranks(self) -> int:
+        return self.tokenizer_manager.num_dp_ranks
 
     # ------------------------------------------------------------------ control
 
@@ -934,7 +988,8 @@ def _build_requests(
     from sglang.srt.entrypoints.openai.sampling import for_choice
 
     items, is_list = _prompt_items(prompt, input_ids)
-    params = [_split_samples(sp) for sp in per_prompt(sampling_params, len(items))]
+    params = [_split_samples(sp) for sp in params_per_prompt(sampling_params, len(items))]
+    check_same_n([n for _, n in params])
     # return_logprob, top_logprobs_num, ...: one value, or one per prompt
     options_of = {name: option_per_prompt(name, value, len(items)) for name, value in options.items()}
     rids = sample_rids(rid, [n for _, n in params])
@@ -954,6 +1009,45 @@ def _build_requests(
                 )
             )
     return reqs, is_list or len(reqs) > 1
+
+
+def _own_keywords(
+    method: str, keywords: dict[str, Any], own: Any, num_dp_ranks: int
+) -> dict[str, Any]:
+    """`keywords` less SGLang's that this server does not implement, each checked at its
+    default (else InvalidParamError naming it, as the HTTP routes' 400); a name that is
+    neither in `own` nor SGLang's is a TypeError, as any unknown keyword. A null in `own`
+    is dropped: the request's default applies (SGLang's Engine passes its defaults,
+    None, for the options the caller left out)."""
+    from sglang.srt.entrypoints.openai.protocol import UnsupportedSGLangFields
+    from sglang.srt.sampling.param_types import first_error
+
+    kept = {}
+    for name, value in keywords.items():
+        if name in own:
+            if value is not None:
+                kept[name] = value
+        elif name in UnsupportedSGLangFields.model_fields:  # the routes' rule and message
+            try:
+                UnsupportedSGLangFields.model_validate({name: value})
+            except ValidationError as exc:
+                raise first_error(exc) from None
+        elif name in _DP_RANK_KEYWORDS:
+            if value is not None and not (num_dp_ranks == 1 and value == 0):
+                raise InvalidParamError(f"{name}: {_ROUTING_REFUSED}", name)
+        elif name in _NOT_IMPLEMENTED:
+            if not _at_default(name, value):
+                raise InvalidParamError(f"{name}: {_NOT_IMPLEMENTED[name]}", name)
+        else:
+            raise TypeError(f"{method}() got an unexpected keyword argument {name!r}")
+    return kept
+
+
+def _at_default(name: str, value: Any) -> bool:
+    if value is None or value is False:
+        return True
+    default = _NOT_IMPLEMENTED_DEFAULTS.get(name)
+    return default is not None and type(value) is type(default) and value == default
 
 
 def _embedding_requests(
@@ -983,6 +1077,8 @@ def _prompt_items(prompt: Any, input_ids: Any) -> tuple[list[dict[str, Any]], bo
         raise ValueError("pass exactly one of prompt or input_ids")
     if prompt is not None:
         is_list = isinstance(prompt, list)
+        if is_list:
+            check_prompt_count(len(prompt), "text")
         return [{"text": p} for p in (prompt if is_list else [prompt])], is_list
     input_ids = _plain_ids(input_ids)
     if not isinstance(input_ids, list):

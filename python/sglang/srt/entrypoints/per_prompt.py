@@ -8,16 +8,43 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from sglang.srt.sampling.param_types import InvalidParamError
+
 
 def per_prompt(value: Any, count: int, name: str | None = None) -> list[Any]:
-    """`value` for each of `count` prompts: a list is one per prompt (ValueError naming
-    `name` when its length differs), anything else is every prompt's."""
+    """`value` for each of `count` prompts: a list is one per prompt (InvalidParamError
+    naming `name` when its length differs), anything else is every prompt's."""
     if isinstance(value, list):
         if len(value) != count:
             what = f"{name}: " if name else ""
-            raise ValueError(f"{what}got {len(value)} entries for {count} prompts")
+            raise InvalidParamError(f"{what}got {len(value)} entries for {count} prompts", name)
         return value
     return [value] * count
+
+
+def check_prompt_count(count: int, prompt_param: str) -> None:
+    """A prompt list (the field `prompt_param`) must hold a prompt."""
+    if not count:
+        raise InvalidParamError("the prompt list is empty", prompt_param)
+
+
+def params_per_prompt(params: Any, count: int) -> list[Any]:
+    """`sampling_params` for each prompt: one for all, or a list with one per prompt."""
+    if isinstance(params, list) and len(params) != count:
+        raise InvalidParamError(
+            f"sampling_params has {len(params)} entries for {count} prompts; give one dict "
+            "for all, or one per prompt",
+            "sampling_params",
+        )
+    return per_prompt(params, count)
+
+
+def check_same_n(samples: list[int]) -> None:
+    """Every prompt of a batch asks for the same n (as SGLang, which fans out by one n)."""
+    if len(set(samples)) > 1:
+        raise InvalidParamError(
+            "sampling_params: every prompt's n must be the same", "sampling_params"
+        )
 
 
 def option_per_prompt(name: str, value: Any, count: int) -> list[Any]:

@@ -8,7 +8,8 @@ several) and ends with `data: [DONE]`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Union
 
 from fastapi import Request
@@ -26,10 +27,17 @@ from sglang.srt.entrypoints.openai.serving_base import (
     plan_choices,
     prompt_fields,
 )
-from sglang.srt.entrypoints.per_prompt import option_per_prompt, sample_rids
+from sglang.srt.entrypoints.per_prompt import (
+    check_prompt_count,
+    check_same_n,
+    option_per_prompt,
+    params_per_prompt,
+    sample_rids,
+)
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.sampling.param_types import (
     Flag,
+    InvalidParamError,
     LogprobStartLen,
     LogprobTokenIds,
     NonNegInt,
@@ -68,9 +76,8 @@ class GenerateRequest(UnsupportedSGLangFields):
             raise APIError("give exactly one of text and input_ids", param="text",
                            code="invalid_value")  # fmt: skip
         if isinstance(self.sampling_params, list):
-            if len({p.n for p in self.sampling_params}) > 1:
-                raise APIError("sampling_params: every prompt's n must be the same",
-                               param="sampling_params", code="invalid_value")  # fmt: skip
+            with _as_400():
+                check_same_n([p.n for p in self.sampling_params])
 
     def prompts(self) -> list[str | list[int]]:
         if isinstance(self.text, str):
@@ -97,30 +104,28 @@ class GenerateRequest(UnsupportedSGLangFields):
     def params_dicts(self, num_prompts: int) -> list[dict[str, Any]]:
         """Each prompt's sampling fields as the client set them, without `n` (fanned
         out here)."""
-        given = self.sampling_params
-        if not isinstance(given, list):
-            return [_set_fields(given)] * num_prompts
-        if len(given) != num_prompts:
-            raise APIError(
-                f"sampling_params has {len(given)} entries for {num_prompts} prompts; give "
-                "one dict for all, or one per prompt",
-                param="sampling_params",
-                code="invalid_value",
-            )
-        return [_set_fields(p) for p in given]
+        with _as_400():
+            return [_set_fields(p) for p in params_per_prompt(self.sampling_params, num_prompts)]
 
     def options_per_prompt(self, num_prompts: int) -> list[dict[str, Any]]:
         """Each prompt's logprob options (PER_PROMPT_OPTIONS), from one value or a list."""
         columns = {}
         for name in PER_PROMPT_OPTIONS:
-            try:
+            with _as_400():
                 columns[name] = option_per_prompt(name, getattr(self, name), num_prompts)
-            except ValueError as exc:
-                raise APIError(str(exc), param=name, code="invalid_value") from None
         return [{name: values[i] for name, values in columns.items()} for i in range(num_prompts)]
 
 
 PER_PROMPT_OPTIONS = ("return_logprob", "top_logprobs_num", "logprob_start_len", "token_ids_logprob")
+
+
+@contextmanager
+def _as_400() -> Iterator[None]:
+    """The shared per-prompt checks' InvalidParamError as a 400 naming its field."""
+    try:
+        yield
+    except InvalidParamError as exc:
+        raise APIError(str(exc), param=exc.param, code="invalid_value") from None
 
 
 def _set_fields(params: SamplingParamsSpec | None) -> dict[str, Any]:
@@ -134,10 +139,9 @@ def _set_fields(params: SamplingParamsSpec | None) -> dict[str, Any]:
 def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
     request.check_fields()
     prompts, n = request.prompts(), request.num_samples()
-    if not prompts:
-        param = "text" if request.text is not None else "input_ids"
-        raise APIError("the prompt list is empty", param=param, code="invalid_value")
     prompt_param = "text" if request.text is not None else "input_ids"
+    with _as_400():
+        check_prompt_count(len(prompts), prompt_param)
     request_id = new_request_id("gen")
     one_rid = None if isinstance(request.rid, list) else request.rid
     choices = plan_choices(
