@@ -435,3 +435,25 @@ def test_throughput_window_starts_with_the_first_batch_after_idle(tiny_llama_dir
         assert sched.live_figures()["last_gen_throughput"] == 0.0
     finally:
         ctx.restore()
+
+
+def test_cache_hit_rate_counts_a_waiting_prompt_once(tiny_llama_dir):
+    """A prompt that waits for room is tried at every step: its cached prefix counted
+    into cache_hit_rate each time (0.47 where 48 of 210 prompt tokens hit)."""
+    sched, ctx = make_scheduler(str(tiny_llama_dir), max_total_tokens=256)
+    try:
+        shared = [5 + i % 50 for i in range(48)]
+        sched.recv_from_tokenizer.send(request("a", shared + [60] * 12, max_new=1))
+        run_until_idle(sched)
+        sched.recv_from_tokenizer.send(request("b", [70] * 50, max_new=150))
+        sched.step()
+        sched.recv_from_tokenizer.send(request("c", shared + [80] * 52, max_new=1))
+        waits = 0
+        while not sched.is_idle():
+            waits += any(r.rid == "c" for r in sched.waiting_queue)
+            sched.step()
+            sched.send_to_detokenizer.recv_all_nowait()
+        assert waits > 10  # the scenario: "c" waited while "b" decoded
+        assert sched.live_figures()["cache_hit_rate"] == round(48 / 210, 4)
+    finally:
+        ctx.restore()

@@ -112,9 +112,7 @@ class SchedulerAdmissionMixin:
                 (req.req_pool_idx, slice(0, match.prefix_len)), match.device_indices
             )
         if not req.admitted_once:
-            req.num_cached_tokens = match.prefix_len
-            self.cache_hits += match.prefix_len
-            self.cache_queries += len(req.origin_input_ids)
+            req.num_cached_tokens = match.prefix_len  # counted once admitted
 
     def _detach_prefix(self, req: Req) -> None:
         self.tree_cache.dec_lock_ref(req.last_node)
@@ -136,8 +134,10 @@ class SchedulerAdmissionMixin:
                 (req.req_pool_idx, slice(p, s)), out_cache_loc[offset : offset + n]
             )
             offset += n
-            if not req.admitted_once:
+            if not req.admitted_once:  # a request refused for room was tried before
                 req.queue_time_s = time.monotonic() - req.arrival_time_s
+                self.cache_hits += req.num_cached_tokens
+                self.cache_queries += len(req.origin_input_ids)
             req.admitted_once = True
         admitted_ids = {id(r) for r in reqs}
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted_ids]
