@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from sglang.srt.managers.request_errors import ServerOverloadedError
+from sglang.srt.managers.request_errors import InvalidRequestError, ServerOverloadedError
 from sglang.test.pool_checks import idle_pool_problems
 
 pytestmark = pytest.mark.slow
@@ -362,6 +362,10 @@ def test_queue_limit_rejects_with_clear_error(engine):
     # slots: an idle engine takes them all.
     outs = engine.generate("x = 1", greedy(3, n=9))
     assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["length"] * 9
+    # More than both hold: no retry can fit it, so no "retry later" (it was a 429)
+    with pytest.raises(InvalidRequestError, match="lower n") as refused:
+        engine.generate("x = 1", greedy(3, n=11))
+    assert refused.value.param == "n"
 
 
 def test_abort_by_rid_and_stream_close_free_resources(engine):

@@ -58,10 +58,16 @@ def option_per_prompt(name: str, value: Any, count: int) -> list[Any]:
 def sample_rids(rid: Any, samples: list[int]) -> list[tuple[str, str | None]]:
     """(rid, parent rid) of each generation, prompt-major; `samples[i]` is prompt i's n.
     `rid`: None (fresh ids), one string, or one per prompt. Several generations under
-    one rid are `<rid>-<k>` with that rid as their parent, which abort_request reaches."""
+    one rid are `<rid>-<k>` with that rid as their parent, which abort_request reaches;
+    with no rid, a prompt's n > 1 samples share a fresh parent (the scheduler tells a
+    request too large for its queue from a full queue by it)."""
     total = sum(samples)
     if rid is None:
-        return [(uuid.uuid4().hex, None) for _ in range(total)]
+        fresh = [uuid.uuid4().hex for _ in samples]
+        return [
+            (f"{r}-{k}", r) if n > 1 else (uuid.uuid4().hex, None)
+            for r, n in zip(fresh, samples) for k in range(n)
+        ]  # fmt: skip
     if not isinstance(rid, list):
         if total == 1:
             return [(rid, None)]

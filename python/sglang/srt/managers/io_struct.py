@@ -89,6 +89,7 @@ class TokenizedGenerateReqInput:
     token_ids_logprob: list[int] | None = None
     logprob_start_len: int = -1
     stream: bool = False
+    parent_rid: str | None = None  # as GenerateReqInput's
 
 
 @dataclass

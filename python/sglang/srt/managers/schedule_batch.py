@@ -70,6 +70,7 @@ class Req:
         self.logprob_token_ids = logprob_token_ids or []
         self.logprob_start_len = logprob_start_len
         self.stream = stream
+        self.parent_rid: str | None = None  # the request whose sample this is (n > 1)
         max_new = sampling_params.max_new_tokens
         self.max_new_tokens = CLIP_MAX_NEW_TOKENS if max_new is None else max_new
         # Nothing but its length (or an abort) can end this request: it will take all of

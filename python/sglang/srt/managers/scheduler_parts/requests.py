@@ -23,6 +23,7 @@ from sglang.srt.managers.request_errors import (
     OVERLOADED_STATUS,
     UPDATE_BUSY_MESSAGE,
     internal_error_reason,
+    invalid_request_reason,
 )
 from sglang.srt.managers.schedule_batch import Req, finish_abort
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -92,6 +93,7 @@ class SchedulerRequestsMixin:
         )
         if msg.sampling_params.max_new_tokens is None:
             req.max_new_tokens = self.context_len - len(req.origin_input_ids)
+        req.parent_rid = msg.parent_rid
         if self.refuse_if_queue_full(req):
             return
         if not self.submit_if_constrained(req):
@@ -108,10 +110,26 @@ class SchedulerRequestsMixin:
         free_slots = max(self.max_running_requests - len(self.running), 0)
         if len(self.waiting_queue) + self.num_grammar_waiting() - free_slots < limit:
             return False
-        text = f"The request queue is full (max_queued_requests={limit}); retry later."
-        req.finished_reason = finish_abort(text, status_code=OVERLOADED_STATUS)
+        if self._only_own_samples_ahead(req):  # no retry can fit it: the request's n
+            text = (
+                f"n: this request's samples are more than max_running_requests "
+                f"({self.max_running_requests}) + max_queued_requests ({limit}) hold at "
+                "once; lower n"
+            )
+            req.finished_reason = invalid_request_reason(text, "n")
+        else:
+            text = f"The request queue is full (max_queued_requests={limit}); retry later."
+            req.finished_reason = finish_abort(text, status_code=OVERLOADED_STATUS)
         self.pending_outputs.append(req)
         return True
+
+    def _only_own_samples_ahead(self, req: Req) -> bool:
+        """Whether every request running or waiting is a sample of `req`'s own request
+        (an n > 1 fan-out), so that the queue is full of it alone."""
+        if req.parent_rid is None or self.num_grammar_waiting() or self.chunked_req is not None:
+            return False
+        ahead = [*self.running.reqs, *self.waiting_queue]
+        return all(r.parent_rid == req.parent_rid for r in ahead)
 
     def handle_abort(self, msg: AbortReq) -> None:
         compiling = self.remove_grammar_waiting(msg.rid)
