@@ -12,9 +12,9 @@ from sglang.srt.entrypoints.engine import (
     _embedding_requests,
     _own_keywords,
 )
+from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.protocol import UnsupportedSGLangFields
 from sglang.srt.entrypoints.openai.serving_native import GenerateRequest, build_inputs
-from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.sampling.param_types import InvalidParamError
 
 G = {"max_new_tokens": 2, "temperature": 0}
@@ -102,8 +102,8 @@ def test_sglang_keywords_not_implemented_are_refused_naming_them(name, value):
 def test_a_dp_rank_is_refused_where_it_would_choose_a_rank():
     """The DP controller routes by --load-balance-method; it has no per-request rank."""
     for name in ("data_parallel_rank", "routed_dp_rank"):
-        assert refusal(lambda: _own_keywords("generate", {name: 1}, OWN, 1)).param == name
-        assert refusal(lambda: _own_keywords("generate", {name: 0}, OWN, 2)).param == name
+        assert refusal(lambda name=name: _own_keywords("generate", {name: 1}, OWN, 1)).param == name
+        assert refusal(lambda name=name: _own_keywords("generate", {name: 0}, OWN, 2)).param == name
         assert _own_keywords("generate", {name: None}, OWN, 2) == {}
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 
 import pytest
 
@@ -29,9 +28,8 @@ class _Recorder:
 def _bare_manager() -> TokenizerManager:
     """The receive-side state only: no processes, no sockets."""
     tm = TokenizerManager.__new__(TokenizerManager)
-    tm.rid_to_state, tm._dead_message = {}, None
-    tm._parent_rids = Counter()
-    tm._idle = asyncio.Event()
+    tm._init_request_state()
+    tm._dead_message = None
     tm.send_to_scheduler = _Recorder()
     return tm
 
@@ -193,3 +191,36 @@ def test_a_weight_update_every_rank_took_is_recorded():
     assert asyncio.run(tm.update_weights_from_disk("/new", "safetensors")) == (True, "loaded")
     assert sent == [("/new", "safetensors")] and tm.model_path == "/new"
     assert tm.config_value("load_format") == "safetensors"
+
+
+def test_a_request_that_comes_during_a_weight_update_waits_for_it():
+    tm = _bare_manager()
+    _scripted_updates(tm, [[True, True]])
+    loaded = asyncio.Event()
+    control = tm._control
+
+    async def slow_control(req, reply_type):
+        await loaded.wait()
+        return await control(req, reply_type)
+
+    tm._control = slow_control
+
+    async def run() -> list[str]:
+        events: list[str] = []
+        update = asyncio.ensure_future(tm.update_weights_from_disk("/new"))
+        await asyncio.sleep(0)  # the update starts, and closes the gate
+
+        async def request() -> None:
+            await tm._wait_for_weight_update()
+            events.append("request admitted")
+
+        waiting = asyncio.ensure_future(request())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        events.append("weights loaded")
+        loaded.set()
+        assert (await update)[0] is True
+        await waiting
+        return events
+
+    assert asyncio.run(run()) == ["weights loaded", "request admitted"]

@@ -205,13 +205,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self.port_args = port_args
         self._init_config(ready_info or {})
         self._init_ipc()
-        self.rid_to_state: dict[str, ReqState] = {}
-        self._parent_rids: Counter[str] = Counter()  # parent rid -> its samples in flight
-        self._idle = asyncio.Event()  # set while rid_to_state is empty
-        self._idle.set()
-        self._admitting = asyncio.Event()  # cleared while a weight update runs
-        self._admitting.set()
-        self._updates_running = 0
+        self._init_request_state()
         self._control_waiters: dict[type, deque[_ReplyCollector]] = {}
         self._config_updates: dict[str, Any] = {}
         self._dead_message: str | None = None
@@ -251,6 +245,15 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self._base_config["default_sampling_params"] = dict(self.sampling_defaults)
         # every DP rank answers a control request (the controller sends it to all)
         self.num_dp_ranks = int(self._base_config.get("dp_size", 1))
+
+    def _init_request_state(self) -> None:
+        self.rid_to_state: dict[str, ReqState] = {}
+        self._parent_rids: Counter[str] = Counter()  # parent rid -> its samples in flight
+        self._idle = asyncio.Event()  # set while rid_to_state is empty
+        self._idle.set()
+        self._admitting = asyncio.Event()  # cleared while a weight update runs
+        self._admitting.set()
+        self._updates_running = 0
 
     def _init_ipc(self) -> None:
         self._sync_ctx = zmq.Context(1)
@@ -478,6 +481,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             token_ids_logprob=list(obj.token_ids_logprob or ()),
             logprob_start_len=obj.logprob_start_len,
             stream=obj.stream,
+            parent_rid=obj.parent_rid,
         )
 
     def _input_ids(self, obj: GenerateReqInput) -> list[int]:

@@ -78,8 +78,8 @@ class ResponseFormat(BaseModel):
 
 
 _UNSUPPORTED_SGLANG_FIELDS = {
-    "priority": "priority scheduling is not enabled on this server; send the request "
-    "without a priority",
+    "priority": "priority scheduling is not supported by this server (it has no "
+    "--enable-priority-scheduling); send the request without a priority",
     "lora_path": "LoRA adapters are not supported by this server",
     "return_hidden_states": "return_hidden_states is not supported by this server",
     "custom_logit_processor": "custom logit processors are not supported by this server",
