@@ -14,13 +14,16 @@ from openai_fake_tm import FakeTokenizer, FakeTokenizerManager
 
 from sglang.srt.entrypoints.engine import _record_detected_parsers
 from sglang.srt.entrypoints.http_server import ServerStatus, create_app
-from sglang.srt.entrypoints.openai.tool_call_stream import ConstrainedCallStream
 from sglang.srt.parser.chat_template import (
     detected_parsers,
     render_chat,
     resolve_auto_parsers,
 )
-from sglang.srt.parser.function_call import parse_constrained_calls, tool_call_schema
+from sglang.srt.parser.function_call import (
+    ConstrainedCallStream,
+    parse_constrained_calls,
+    tool_call_schema,
+)
 from sglang.srt.runtime_context import get_context
 from sglang.srt.server_args import ServerArgs, prepare_server_args, resolution_result
 
@@ -429,6 +432,71 @@ def test_bad_tools_are_400_naming_the_field(serve, extra, param):
     assert chat(client).json()["choices"][0]["message"]["content"] == "fine"
 
 
+def _with_parameters(parameters: dict) -> list[dict]:
+    return [WEATHER, {"type": "function", "function": {"name": "f", "parameters": parameters}}]
+
+
+NOT_OBJECT = [
+    {"type": "array"},
+    {"type": "string"},
+    {"type": "null"},
+    {"type": "integer", "minimum": 0},
+    {"type": ["object", "null"]},
+    {"anyOf": [{"type": "object"}, {"type": "string"}]},
+    {"$defs": {"L": {"type": "array"}}, "$ref": "#/$defs/L"},
+    {"const": 3},
+]
+OBJECT_LIKE = [
+    {},
+    {"properties": {"a": {"type": "integer"}}},  # no "type": held to an object
+    {"anyOf": [{"type": "object", "properties": {"a": {}}}, {"properties": {"b": {}}}]},
+    {"$defs": {"L": {"type": "object"}}, "$ref": "#/$defs/L"},
+    {"type": ["object"]},
+]
+
+
+@pytest.mark.parametrize("parameters", NOT_OBJECT)
+@pytest.mark.parametrize("tool_choice", [None, "none", "required", {"type": "function", "function": {"name": "f"}}])  # fmt: skip
+def test_parameters_that_are_no_object_schema_are_400(serve, parameters, tool_choice):
+    # as OpenAI: every request, whatever the choice (forced, the grammar made the model
+    # write a call whose arguments are no object: no tool_calls, the JSON as content)
+    client = serve(make_tm("fine", tool_call_parser="qwen25"))
+    extra = {} if tool_choice is None else {"tool_choice": tool_choice}
+    response = chat(client, tools=_with_parameters(parameters), **extra)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools.1.function.parameters"
+    assert "'f'" in error["message"] and 'type "object"' in error["message"]
+
+
+@pytest.mark.parametrize("parameters", OBJECT_LIKE)
+def test_object_parameter_schemas_are_accepted_and_forced_calls_write_an_object(serve, parameters):
+    tm = make_tm('[{"name": "f", "parameters": {"a": 1}}]')
+    client = serve(tm)
+    body = chat(client, tools=_with_parameters(parameters), tool_choice="required").json()
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
+    schema = json.loads(tm.requests[-1].sampling_params["json_schema"])
+    assert schema["items"]["anyOf"][1]["properties"]["parameters"]["type"] in ("object", ["object"])
+    no_parameters = [{"type": "function", "function": {"name": "f"}}]
+    assert chat(client, tools=no_parameters).status_code == 200
+
+
+@pytest.mark.parametrize("arguments", ['{"a": 1, "a": 2}', '{"x": 1e400}', '{"x": [-1E+999]}'])
+def test_forced_calls_read_the_same_streamed_or_not(serve, arguments):
+    """Valid JSON that json.loads reads otherwise (a repeated key keeps the last value,
+    1e400 is inf): both answers give the arguments as the model wrote them."""
+    client = serve(make_tm('[{"name": "f", "parameters": ' + arguments + "}]"))
+    tools = _with_parameters({"type": "object"})
+    choice = chat(client, tools=tools, tool_choice="required").json()["choices"][0]
+    calls = [(c["function"]["name"], c["function"]["arguments"])
+             for c in choice["message"]["tool_calls"]]  # fmt: skip
+    assert calls == [("f", arguments)] and choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    events = stream_events(client, tools=tools, tool_choice="required")
+    assert [(c["name"], c["arguments"]) for c in streamed_calls(events)] == calls
+    assert joined(events, "content") == "" and finish_of(events) == "tool_calls"
+
+
 # --- reasoning ---------------------------------------------------------------------------------
 
 
@@ -612,7 +680,7 @@ ARRAY = (
 @pytest.mark.parametrize("step", [1, 3, 1000])
 def test_constrained_reader_matches_the_whole_text_parse(step):
     calls = calls_of(feed_all(ARRAY, step))
-    whole = parse_constrained_calls(ARRAY)
+    whole = parse_constrained_calls(ARRAY, [fn("f"), fn("g")])
     assert calls == [(item.name, item.parameters) for item in whole]
     assert [json.loads(args) for _, args in calls] == [{"a": '}{" ', "b": [1, {"c": 2}]}, {}]
 

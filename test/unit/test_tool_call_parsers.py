@@ -19,6 +19,7 @@ from sglang.srt.parser.function_call import (
     parse_constrained_calls,
     tool_call_schema,
 )
+from sglang.srt.parser.function_call.json_reader import JsonObjectReader
 
 
 def _tool(name: str, parameters: dict | None) -> dict:
@@ -417,6 +418,77 @@ def test_malformed_call_is_text(case):
             assert normal == text
 
 
+# A call that fails after its name went out: a stream cannot take the name back, and
+# sends none of the rest of its region as content either (no stray "}}\n</tool_call>");
+# the whole-text parse shows the region as written. (normal text of the stream, calls
+# the stream sends with their argument text: for a broken one, what may have gone out.)
+SENT_THEN_FAILED = [
+    ("hermes-number-past-float", "qwen25",
+     'Hi <tool_call>\n{"name": "search", "arguments": {"q": 1e400}}\n</tool_call> bye',
+     "Hi  bye", [("search", '{"q": 1e400}')]),
+    ("hermes-repeated-inner-key", "qwen25",
+     'Hi <tool_call>\n{"name": "search", "arguments": {"q": 1, "q": 2}}\n</tool_call> bye',
+     "Hi  bye", [("search", '{"q": 1, "q": 2}')]),
+    ("hermes-bad-literal", "qwen25",
+     'Hi <tool_call>\n{"name": "search", "arguments": {"q": tru}}\n</tool_call> bye',
+     "Hi  bye", [("search", '{"q": ')]),
+    ("hermes-bad-literal-unclosed", "qwen25",
+     'Hi <tool_call>\n{"name": "search", "arguments": {"q": tru}} and so on',
+     "Hi ", [("search", '{"q": ')]),
+    ("mistral-repeated-inner-key", "mistral",
+     '[TOOL_CALLS] [{"name": "search", "arguments": {"q": 1, "q": 2}}] bye',
+     " bye", [("search", '{"q": 1, "q": 2}')]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SENT_THEN_FAILED, ids=[c[0] for c in SENT_THEN_FAILED])
+def test_a_call_failing_after_its_name_leaves_no_markup_in_the_stream(case):
+    _, parser_name, text, streamed_normal, streamed_calls = case
+    assert _whole(parser_name, text) == (text, [])
+    for seed in range(20):
+        normal, calls = _streamed(parser_name, text, random.Random(seed))
+        assert normal == streamed_normal, f"seed {seed}"
+        _assert_sent(calls, streamed_calls)
+
+
+def _assert_sent(calls: list[tuple], expected: list[tuple]) -> None:
+    """The same calls, each one's arguments a prefix of the expected text (a broken
+    call sends what it had read when a chunk showed it broken)."""
+    assert [name for name, _ in calls] == [name for name, _ in expected]
+    for (_, args), (_, full) in zip(calls, expected, strict=True):
+        assert full.startswith(args) and args.startswith("{")
+
+
+def test_a_broken_call_ends_where_the_next_call_opens():
+    text = ('Hi <tool_call>{"name": "search", "arguments": {"q": tru}'
+            '<tool_call>{"name": "get_time", "arguments": {"timezone": "UTC"}}</tool_call>')  # fmt: skip
+    normal, calls = _whole("qwen25", text)
+    assert normal == text[: text.index('<tool_call>{"name": "get_time')]
+    assert [(c.name, c.parameters) for c in calls] == [("get_time", '{"timezone": "UTC"}')]
+    for seed in range(20):
+        normal, calls = _streamed("qwen25", text, random.Random(seed))
+        assert normal == "Hi "
+        _assert_sent(calls, [("search", '{"q": '), ("get_time", '{"timezone": "UTC"}')])
+        assert calls[1][1] == '{"timezone": "UTC"}'
+
+
+@pytest.mark.parametrize(
+    "number, streamed", [("1e400", "1e400"), ("-1E+999", "-1E+999"), ("9" * 5000, "9" * 5000),
+                         ("1.50", "1.5"), ("1e-400", "0.0")])  # fmt: skip
+def test_the_reader_keeps_a_json_number_python_cannot_hold_as_written(number, streamed):
+    reader = JsonObjectReader()
+    events, used = reader.feed('{"a": ' + number + "}")
+    assert reader.done and reader.error is None and used == len(number) + 7
+    assert ("frag", streamed) in events
+
+
+@pytest.mark.parametrize("number", ["01", "1.", "-", "1e", "1.e5", "+1", "1-2"])
+def test_the_reader_refuses_what_is_no_json_number(number):
+    reader = JsonObjectReader()
+    reader.feed('{"a": ' + number + "}")
+    assert reader.error is not None
+
+
 def test_text_is_released_at_once_except_a_possible_marker():
     parser = FunctionCallParser(TOOLS, "qwen25")
     assert parser.parse_stream_chunk("Let me check").normal_text == "Let me check"
@@ -528,13 +600,15 @@ def test_parse_constrained_calls():
         '[{"name": "get_weather", "parameters": {"city": "São Paulo"}},'
         ' {"name": "get_time", "parameters": {"timezone":"UTC"}}]'
     )
-    calls = parse_constrained_calls(text)
+    calls = parse_constrained_calls(text, TOOLS)
     assert [(c.tool_index, c.name, c.parameters) for c in calls] == [
         (0, "get_weather", '{"city": "São Paulo"}'),
         (1, "get_time", '{"timezone": "UTC"}'),
     ]
-    assert parse_constrained_calls('[{"name": "get_weather", "parameters": {"ci') == []
-    assert parse_constrained_calls('{"name": "get_weather"}') == []
+    # cut short (max_tokens): the calls as a stream sent them, the last one's arguments cut
+    cut = parse_constrained_calls('[{"name": "get_weather", "parameters": {"ci', TOOLS)
+    assert [(c.name, c.parameters) for c in cut] == [("get_weather", '{"ci')]
+    assert parse_constrained_calls('[{"name": "get_weath', TOOLS) == []
 
 
 @pytest.mark.parametrize("as_string", [True, False])
@@ -552,6 +626,9 @@ def test_arguments_nested_past_json_recursion_are_text(as_string):
         assert normal == text
 
 
-def test_constrained_calls_nested_past_json_recursion_are_text():
+def test_constrained_calls_nested_past_json_recursion_keep_their_text():
+    # the grammar held them to the schema: read as a stream reads them, without recursion
     deep = "[" * 3000 + "]" * 3000
-    assert parse_constrained_calls('[{"name": "get_time", "parameters": {"a": ' + deep + "}}]") == []
+    text = '[{"name": "get_time", "parameters": {"a": ' + deep + "}}]"
+    calls = parse_constrained_calls(text, TOOLS)
+    assert [(c.name, c.parameters) for c in calls] == [("get_time", '{"a": ' + deep + "}")]

@@ -28,15 +28,14 @@ from sglang.srt.entrypoints.openai.protocol import (
     FunctionCall,
     ToolCall,
 )
-from sglang.srt.entrypoints.openai.tool_call_stream import ConstrainedCallStream
 from sglang.srt.parser.chat_template import message_text
 from sglang.srt.parser.function_call import (
+    ConstrainedCallStream,
     FunctionCallParser,
     check_tool_choice,
     parse_constrained_calls,
     tool_call_schema,
 )
-from sglang.srt.parser.function_call.core_types import ToolCallItem
 from sglang.srt.parser.function_call.strict_calls import strict_tools_tag
 from sglang.srt.parser.reasoning_parser import ReasoningParser, reasoning_format
 
@@ -106,25 +105,13 @@ class ChatOutputPlan:
 def parse_calls(plan: ChatOutputPlan, text: str) -> tuple[list[Any], str]:
     """(ToolCallItems with full arguments, content) of the text after reasoning."""
     if plan.tool_mode == "constrained":
-        items = parse_constrained_calls(text) or _calls_as_streamed(plan, text)
+        # read as a stream reads it, so both answers agree (constrained_reader.py)
+        items = parse_constrained_calls(text, list(plan.tools))
         return items, "" if items else text  # no call at all (cut short): the text
     if not plan.parses_calls:
         return [], text
     normal_text, items = plan.call_parser().parse_non_stream(text)
     return plan.kept_calls(items), normal_text
-
-
-def _calls_as_streamed(plan: ChatOutputPlan, text: str) -> list[ToolCallItem]:
-    """Forced calls cut short (max_tokens): the calls a stream of `text` sends, each with
-    the arguments text it got (the last may be cut, as OpenAI's are), so both answers
-    agree; [] when it was cut before a first call."""
-    calls: dict[int, ToolCallItem] = {}
-    for piece in ConstrainedCallStream(list(plan.tools)).feed(text):
-        if piece.name is not None:
-            calls[piece.tool_index] = ToolCallItem(piece.tool_index, piece.name, "")
-        elif piece.tool_index in calls:
-            calls[piece.tool_index].parameters += piece.parameters
-    return [calls[i] for i in sorted(calls)]
 
 
 def _full_call(item: Any) -> ToolCall:
@@ -193,8 +180,9 @@ def check_tools(request: ChatCompletionRequest) -> None:
         return
     try:
         check_tool_choice(tool_dicts(request), choice_value(request))
-    except ValueError as exc:
+    except ValueError as exc:  # a tool's own schema names its field (ToolParametersError)
         param = "tools" if request.tool_choice is None else "tool_choice"
+        param = getattr(exc, "param", param)
         raise APIError(str(exc), param=param, code="invalid_value") from None
     if tool_mode(request) == "constrained" and has_own_grammar(request):
         raise APIError(

@@ -11,6 +11,7 @@ import logging
 from sglang.srt.parser.function_call.core_types import (
     ArgsEvent,
     FailedEvent,
+    FailedTailEvent,
     NameEvent,
     ScanEvent,
     StreamingParseResult,
@@ -68,12 +69,16 @@ def collect_whole(events: list[ScanEvent]) -> StreamingParseResult:
         elif isinstance(event, FailedEvent):
             texts.append(event.raw_text)
             calls.pop(event.tool_index, None)
+        elif isinstance(event, FailedTailEvent):
+            texts.append(event.text)
     items = [ToolCallItem(i, c.name, c.parameters) for i, c in enumerate(calls.values())]
     return StreamingParseResult("".join(texts), items)
 
 
 def collect_stream(events: list[ScanEvent]) -> StreamingParseResult:
-    """A call's first item carries its name; argument pieces follow with name None."""
+    """A call's first item carries its name; argument pieces follow with name None.
+    A call that fails after its name went out is not taken back, and the rest of its
+    region (FailedTailEvent) is not sent as content either."""
     texts: list[str] = []
     items: list[ToolCallItem] = []
     for event in events:
@@ -83,6 +88,8 @@ def collect_stream(events: list[ScanEvent]) -> StreamingParseResult:
             items.append(ToolCallItem(event.tool_index, event.name, ""))
         elif isinstance(event, ArgsEvent):
             _append_fragment(items, event)
+        elif isinstance(event, FailedTailEvent):
+            continue
         elif event.tool_index is None:
             texts.append(event.raw_text)
         else:  # its name already went out; a client cannot take it back

@@ -3,23 +3,27 @@
 For these the server constrains the model's output with `tool_call_schema`, a
 JSON array (at least one item) of `{"name": ..., "parameters": {...}}`, each
 name paired with its own parameters schema through `anyOf`; the output is then
-read back with `parse_constrained_calls`. "auto" and "none" need no schema.
+read back with `constrained_reader.parse_constrained_calls`. "auto" and "none" need
+no schema.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from sglang.srt.parser.function_call.core_types import ToolCallItem
-from sglang.srt.parser.function_call.text_utils import dump_arguments
+from sglang.srt.parser.function_call.tool_parameters import (
+    check_tool_parameters,
+    object_parameters,
+)
 
 ToolChoice = str | dict | None
 _PLAIN_CHOICES = ("none", "auto", "required")
 
 
 def check_tool_choice(tools: list[dict] | None, tool_choice: ToolChoice) -> None:
-    """ValueError naming the problem when `tool_choice` cannot apply to `tools`."""
+    """ValueError naming the problem when `tool_choice` cannot apply to `tools`, or a
+    tool's parameters are no object schema (ToolParametersError, whatever the choice)."""
+    check_tool_parameters(tools)
     if tool_choice is None or tool_choice in ("none", "auto"):
         return
     if tool_choice == "required":
@@ -47,42 +51,12 @@ def tool_call_schema(tools: list[dict] | None, tool_choice: ToolChoice) -> dict 
     }
 
 
-def parse_constrained_calls(text: str) -> list[ToolCallItem]:
-    """Calls from output written under `tool_call_schema`; [] when it is not such output
-    (e.g. cut short by max_tokens), in which case the text stays content."""
-    try:
-        calls = json.loads(text)
-    except (ValueError, RecursionError):  # nested past json's recursion limit
-        return []
-    if not isinstance(calls, list):
-        return []
-    items = []
-    for call in calls:
-        item = _constrained_item(call, len(items))
-        if item is None:
-            return []
-        items.append(item)
-    return items
-
-
-def _constrained_item(call: Any, tool_index: int) -> ToolCallItem | None:
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return None
-    args = call.get("parameters", call.get("arguments", {}))
-    if not isinstance(args, dict):
-        return None
-    try:
-        return ToolCallItem(tool_index, call["name"], dump_arguments(args))
-    except (ValueError, RecursionError):
-        return None
-
-
 def _call_schema(function: dict, index: int) -> dict:
     """The schema of a call of `function`, the `index`-th branch of the array's items.
     Its parameters' local `$ref`s ("#/$defs/Loc", "#") are rebased onto where the
     parameters now sit, so a pydantic-made schema keeps its definitions."""
     base = f"#/items/anyOf/{index}/properties/parameters"
-    parameters = _rebase_refs(function.get("parameters") or {"type": "object"}, base)
+    parameters = _rebase_refs(object_parameters(function), base)
     return {
         "type": "object",
         "properties": {

@@ -62,4 +62,15 @@ class FailedEvent:
     raw_text: str
 
 
-ScanEvent = TextEvent | NameEvent | ArgsEvent | FailedEvent
+@dataclass(frozen=True)
+class FailedTailEvent:
+    """The rest of the region of a call that failed after its `NameEvent` went out (its
+    close, and for a format whose close cannot be part of a call, the broken call's
+    text up to it): normal text in the whole-text parse, which shows the region as
+    written; dropped in a stream, where the call already went out."""
+
+    tool_index: int
+    text: str
+
+
+ScanEvent = TextEvent | NameEvent | ArgsEvent | FailedEvent | FailedTailEvent

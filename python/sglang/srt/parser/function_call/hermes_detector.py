@@ -21,6 +21,7 @@ HERMES_FORMAT = RegionFormat(
     bare_start=False,
     starts_call=lambda ch: ch == "{",
     new_reader=JsonCallReader,
+    tail_to_close=True,
 )
 
 

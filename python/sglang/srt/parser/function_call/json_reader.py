@@ -10,8 +10,8 @@ outer object:
 - `("end",)`: the current key's value is complete.
 
 Invariant: the fragments of one value, joined, are always a prefix of its
-canonical text. Numbers and literals go out when their token ends (`1` may
-become `12`); strings go out as they arrive, holding back only an unfinished
+canonical text (a number a float cannot hold, `1e400`, has none: it goes out as
+written). Numbers and literals go out when their token ends (`1` may become `12`); strings go out as they arrive, holding back only an unfinished
 escape, or a high surrogate whose low half may follow.
 """
 
@@ -30,6 +30,7 @@ ReaderEvent = tuple
 
 _STRING_RUN = re.compile(r'[^"\\]+')
 _HIGH_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}\Z")
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _SIMPLE_ESCAPES = frozenset('"\\/bfnrt')
 _NUMBER_CHARS = frozenset("+-0123456789.eE")
@@ -156,11 +157,7 @@ class JsonObjectReader:
         self._token_kind, self._token = None, ""
         if kind == "literal" and token not in _LITERALS:
             raise JsonSyntaxError(f"bad literal {token!r}")
-        try:
-            canonical = dump_arguments(json.loads(token))
-        except ValueError as exc:
-            raise JsonSyntaxError(f"bad number {token!r}") from exc
-        self._frag(canonical, events)
+        self._frag(_canonical_token(token), events)
         self._value_done(events)
 
     def _start_string(self, is_key: bool, events: list[ReaderEvent]) -> None:
@@ -241,6 +238,19 @@ class JsonObjectReader:
             events[-1] = ("frag", events[-1][1] + text)
         else:
             events.append(("frag", text))
+
+
+def _canonical_token(token: str) -> str:
+    """A literal's or number's canonical text; a JSON number that Python cannot hold
+    as a float (`1e400`) or int (past 4300 digits) goes out as written."""
+    if token in _LITERALS:
+        return token
+    if _JSON_NUMBER.fullmatch(token) is None:
+        raise JsonSyntaxError(f"bad number {token!r}")
+    try:
+        return dump_arguments(json.loads(token))
+    except ValueError:  # inf (allow_nan=False), or an int too long to convert
+        return token
 
 
 def _ends_with_high_surrogate(raw: str) -> bool:

@@ -14,6 +14,12 @@ the region's syntax so far while no call of the region was good. So a region
 without a good call comes out verbatim, and so does a region whose opening
 is not followed by a call.
 
+A call that fails after its name went out (a stream has sent it) leaves the
+rest of its region as `FailedTailEvent`s, which a stream drops: the region's
+close, and, where the call broke off mid-text and the format's close cannot
+be part of a call (`tail_to_close`: Hermes' `</tool_call>`), the broken call's
+text up to that close (or the next `bot_token`, or the end of the output).
+
 Scanner states:
     start  only for `bare_start` formats: the output may open with a call
     text   normal text, looking for bot_token
@@ -21,6 +27,7 @@ Scanner states:
     first  expecting the first call (or an empty region's close_token)
     call   a call reader is reading
     sep    after a call: separator, close_token, or the region ends
+    tail   the rest of a call that broke off after its name went out, up to close_token
 """
 
 from __future__ import annotations
@@ -30,7 +37,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from sglang.srt.parser.function_call.core_types import ScanEvent, TextEvent
+from sglang.srt.parser.function_call.core_types import (
+    FailedEvent,
+    FailedTailEvent,
+    ScanEvent,
+    TextEvent,
+)
 from sglang.srt.parser.function_call.text_utils import JSON_WHITESPACE, partial_suffix_len
 
 
@@ -53,6 +65,9 @@ class RegionFormat:
     bare_start: bool  # the output may begin with a call and no bot_token (Llama 3)
     starts_call: Callable[[str], bool]  # whether a character opens a call
     new_reader: Callable[[frozenset[str], Iterator[int]], CallReader]
+    # close_token cannot occur in a call's text outside a string: a call that broke off
+    # mid-text ends at it
+    tail_to_close: bool = False
 
 
 class RegionScanner:
@@ -68,6 +83,7 @@ class RegionScanner:
         self._region_ok = False  # a call of the current region was good
         self._seen_separator = False
         self._reader: CallReader | None = None
+        self._failed_index: int | None = None  # a call of the region failed after its name
 
     def feed(self, text: str) -> list[ScanEvent]:
         self._buf += text
@@ -85,6 +101,8 @@ class RegionScanner:
         elif self._state == "sep":
             self._end_region(events)
             _emit(events, self._buf)
+        elif self._state == "tail":
+            self._failed_tail(events, self._buf)
         else:
             _emit(events, self._syntax + self._buf)
         self._buf, self._syntax = "", ""
@@ -155,9 +173,44 @@ class RegionScanner:
         self._syntax = ""
         self._region_ok = self._region_ok or ok
         self._reader = None
-        self._state = "sep" if reader.done else "text"
+        self._note_failure(settled)
+        if reader.done:
+            self._state = "sep"
+        elif self._failed_index is not None and self._fmt.tail_to_close:
+            self._state = "tail"
+        else:  # broke off mid-text: where its region ends is unknown, what follows is text
+            self._state, self._failed_index = "text", None
         self._seen_separator = False
         return True
+
+    def _note_failure(self, settled: list[ScanEvent]) -> None:
+        """Remember a call that failed after its name went out: the rest of its region
+        is its tail."""
+        for event in settled:
+            if isinstance(event, FailedEvent) and event.tool_index is not None:
+                self._failed_index = event.tool_index
+
+    def _tail(self, events: list[ScanEvent]) -> bool:
+        ends = [self._buf.find(token) for token in (self._fmt.close_token, self._fmt.bot_token)]
+        found = [end for end in ends if end >= 0]
+        if not found:
+            keep = max(partial_suffix_len(self._buf, self._fmt.close_token),
+                       partial_suffix_len(self._buf, self._fmt.bot_token))  # fmt: skip
+            self._failed_tail(events, self._buf[: len(self._buf) - keep])
+            self._buf = self._buf[len(self._buf) - keep :]
+            return False
+        end = min(found)
+        if end == ends[0]:  # the close is the region's: the tail takes it
+            end += len(self._fmt.close_token)
+        self._failed_tail(events, self._buf[:end])
+        self._buf = self._buf[end:]
+        self._failed_index = None
+        self._state = "text"
+        return True
+
+    def _failed_tail(self, events: list[ScanEvent], text: str) -> None:
+        if text:
+            events.append(FailedTailEvent(self._failed_index, text))
 
     def _sep(self, events: list[ScanEvent]) -> bool:
         self._take_whitespace()
@@ -189,9 +242,11 @@ class RegionScanner:
         self._state = "call"
 
     def _end_region(self, events: list[ScanEvent]) -> None:
-        if not self._region_ok:
+        if self._failed_index is not None and not self._region_ok:
+            self._failed_tail(events, self._syntax)
+        elif not self._region_ok:
             _emit(events, self._syntax)
-        self._syntax = ""
+        self._syntax, self._failed_index = "", None
         self._state = "text"
 
     def _abandon_region(self, events: list[ScanEvent]) -> None:

@@ -17,6 +17,7 @@ from sglang.srt.parser.function_call.hermes_detector import HermesDetector
 from sglang.srt.parser.function_call.llama32_detector import Llama32Detector
 from sglang.srt.parser.function_call.mistral_detector import MistralDetector
 from sglang.srt.parser.function_call.parser import detector_class
+from sglang.srt.parser.function_call.tool_parameters import object_parameters
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,7 @@ def strict_tools_tag(tools: list[dict] | None, parser_name: str | None) -> dict[
     structures = [
         {
             "begin": fmt.begin.format(name=json.dumps(f["name"])),
-            "schema": (f.get("parameters") or {"type": "object"})
-            if f.get("strict") is True
-            else {"type": "object"},
+            "schema": object_parameters(f) if f.get("strict") is True else {"type": "object"},
             "end": fmt.end,
         }
         for f in tool_functions(tools)
