@@ -221,17 +221,23 @@ def cleaned_tail(raw_tail: str, clean: Callable[[str], str]) -> str:
 
 def cleanup_cut(raw: str, start: int) -> int:
     """The furthest split point p > start near the end of `raw` with
-    clean(raw[start:]) == clean(raw[start:p]) + clean(raw[p:]), else start. Every pattern
-    of the pass starts with a space and is at most 4 characters, and the pass only
-    deletes spaces: with no space among the (up to 3) characters before p, no match of
-    any stage can start before p and end after it."""
+    clean(raw[start:]) == clean(raw[start:p]) + clean(raw[p:]), else start. Every
+    pattern of the pass is a space and then non-spaces (" ' " ends in one too), and the
+    pass only deletes spaces; a match across p leaves on its left a space, or a space
+    and a proper prefix of the pattern's rest: its last character is in _SPAN_ENDS, at
+    every stage (the last character of raw[:p], when no space, is never deleted); and
+    with no space among the (up to 3) characters before p, none can start before p."""
     for p in range(len(raw), max(start, len(raw) - _CUT_SEARCH_CHARS), -1):
-        if " " not in raw[max(start, p - 3) : p]:
+        if raw[p - 1] not in _SPAN_ENDS or " " not in raw[max(start, p - 3) : p]:
             return p
     return start
 
 
-_CUT_SEARCH_CHARS = 8  # a text without 3 characters between spaces keeps one tail
+_CLEANUP_PATTERNS = (" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're")
+# how the left part of a match across a split can end: a space, or a pattern's
+# character that is neither its first nor its last (" 've" -> "'", "v")
+_SPAN_ENDS = frozenset(" ") | {p[i] for p in _CLEANUP_PATTERNS for i in range(1, len(p) - 1)}
+_CUT_SEARCH_CHARS = 8  # a text without such a point near its end keeps one tail
 
 
 _STANDARD_CLEANUP = "PreTrainedTokenizerBase.clean_up_tokenization"
