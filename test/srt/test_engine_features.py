@@ -332,6 +332,12 @@ def test_sglang_generate_keywords_are_taken_at_their_defaults(engine):
         assert info.value.param == name
     with pytest.raises(ValueError, match="every prompt's n must be the same"):
         engine.generate([PROMPT, PROMPT], [greedy(1, n=1), greedy(1, n=3)])
+    # require_reasoning is SGLang's and served (constrained/reasoning_gate.py), given a
+    # reasoning parser whose end tag is one token: refused naming it here, with none
+    with pytest.raises(ValueError, match="require_reasoning needs .*--reasoning-parser") as info:
+        engine.generate(PROMPT, greedy(2), require_reasoning=True)
+    assert info.value.param == "require_reasoning"
+    assert len(engine.generate(PROMPT, greedy(2), require_reasoning=False)["output_ids"]) == 2
 
 
 def test_an_unset_max_new_tokens_is_cut_to_the_room_left(engine):

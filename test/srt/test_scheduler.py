@@ -22,7 +22,7 @@ from sglang.test.fake_queue import FakeQueue
 pytestmark = pytest.mark.slow
 
 
-def make_scheduler(model_dir: str, **fields):
+def make_scheduler(model_dir: str, tokenizer=None, **fields):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.managers.tp_worker import TpModelWorker
@@ -34,7 +34,7 @@ def make_scheduler(model_dir: str, **fields):
     )
     ctx.install()
     config = ModelConfig(model_dir)
-    sched = Scheduler(TpModelWorker(config), config, None, FakeQueue(), FakeQueue(), FakeQueue())
+    sched = Scheduler(TpModelWorker(config), config, tokenizer, FakeQueue(), FakeQueue(), FakeQueue())
     return sched, ctx
 
 
@@ -457,3 +457,37 @@ def test_cache_hit_rate_counts_a_waiting_prompt_once(tiny_llama_dir):
         assert sched.live_figures()["cache_hit_rate"] == round(48 / 210, 4)
     finally:
         ctx.restore()
+
+
+def test_require_reasoning_constrains_only_after_the_end_token(tiny_llama_dir, prompts):
+    """A grammar gated by the think block's end token: the tokens before it are the
+    model's own (greedy: the unconstrained output's), the ones after follow the
+    grammar. The end token here is the unconstrained output's third token."""
+
+    def gated(rid: str, end: int | None, schema: str | None):
+        msg = request(rid, prompts[0], max_new=12)
+        msg.sampling_params.json_schema = schema
+        msg.reasoning_end_token_id = end
+        return msg
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    sched, ctx = make_scheduler(str(tiny_llama_dir), tokenizer)
+    try:
+        sched.recv_from_tokenizer.send(gated("free", None, None))
+        free = [t for ids, _ in run_until_idle(sched)["free"] for t in ids]
+        end = free[2]
+        schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+        sched.recv_from_tokenizer.send(gated("gated", end, schema))
+        sched.recv_from_tokenizer.send(gated("plain", None, schema))
+        got = run_until_idle(sched)
+    finally:
+        ctx.restore()
+    assert got["gated"][-1][1]["type"] != "abort", got["gated"][-1]
+    gated_ids = [t for ids, _ in got["gated"] for t in ids]
+    plain_ids = [t for ids, _ in got["plain"] for t in ids]
+    assert gated_ids[:3] == free[:3]  # free up to and with the end token
+    assert gated_ids[3:] != free[3 : len(gated_ids)]  # then the grammar's
+    assert plain_ids[:3] != free[:3]  # a grammar from the first token shapes those too
+    assert sched.tokenizer.decode(gated_ids[3:4]).lstrip().startswith("{")

@@ -208,6 +208,9 @@ class FakeTokenizerManager:
     def stalled_ranks(self, limit_s: float) -> list[int]:
         return []
 
+    def reasoning_end_token_id(self, parser: str | None) -> int | None:
+        return None if parser is None else 7  # the fake tokenizer: one char per token
+
     async def get_internal_state(self) -> list[dict[str, Any]]:
         return [{"num_running_reqs": len(self.running), "num_queued_reqs": 0, "token_usage": 0.1,
                  "cache_hit_rate": 0.5, "last_gen_throughput": 12.0,

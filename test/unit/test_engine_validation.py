@@ -76,7 +76,8 @@ def test_sglang_keywords_at_their_default_are_accepted():
                  routed_dp_rank=None, return_hidden_states=False, require_reasoning=False,
                  routed_experts_start_len=0, external_trace_header=None, cache_salt=None,
                  return_logprob=True, top_logprobs_num=None, logprob_start_len=None)  # fmt: skip
-    assert _own_keywords("generate", given, OWN, 1) == {"return_logprob": True}
+    assert _own_keywords("generate", given, OWN, 1) == {
+        "return_logprob": True, "require_reasoning": False}  # fmt: skip
     reqs, _ = _build_requests("a", G, None, False, **_own_keywords("generate", given, OWN, 1))
     assert reqs[0].return_logprob and reqs[0].top_logprobs_num == 0
 
@@ -92,7 +93,7 @@ def test_sglang_fields_the_routes_refuse_are_refused_with_the_same_message(name)
 @pytest.mark.parametrize(
     "name, value",
     [("image_data", "x.png"), ("audio_data", [b""]), ("bootstrap_room", 7),
-     ("require_reasoning", True), ("routed_experts_start_len", 3), ("session_id", "s")],
+     ("routed_experts_start_len", 3), ("session_id", "s")],
 )  # fmt: skip
 def test_sglang_keywords_not_implemented_are_refused_naming_them(name, value):
     exc = refusal(lambda: _own_keywords("generate", {name: value}, OWN, 1))

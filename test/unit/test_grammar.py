@@ -23,6 +23,7 @@ from sglang.srt.constrained.base import (
     key_of,
 )
 from sglang.srt.constrained.grammar_manager import GrammarManager
+from sglang.srt.constrained.reasoning_gate import ReasoningGate
 from sglang.srt.constrained.xgrammar_backend import MAX_JSON_WHITESPACE, XGrammarBackend
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.managers.scheduler_parts import grammar as grammar_part
@@ -602,3 +603,28 @@ def test_xgrammars_structural_tag_form_is_checked_and_limited(tokenizer):
     while accepted <= MAX_JSON_WHITESPACE and grammar.accept_token(newline):
         accepted += 1
     assert accepted <= MAX_JSON_WHITESPACE
+
+
+def test_a_reasoning_gate_frees_every_token_until_the_think_block_ends(backend, tokenizer):
+    end, brace = 5, tokenizer.convert_tokens_to_ids("{")
+    key = GrammarKey("json_schema", ANY_JSON_OBJECT)
+    gate = ReasoningGate(backend.new_grammar(backend.compile(key)), end_token_id=end)
+
+    def allowed() -> torch.Tensor:
+        bitmask = backend.allocate_bitmask(1)
+        bitmask[0].fill_(0)  # nothing allowed unless the row is written
+        gate.fill_bitmask(bitmask, 0)
+        logits = torch.zeros(1, MODEL_VOCAB)
+        backend.apply_bitmask(logits, bitmask, [0])
+        return torch.isfinite(logits[0])
+
+    reasoning = [t for t in range(10, 20)]  # any tokens, the grammar's or not
+    for token in reasoning:
+        assert allowed().all() and gate.accept_token(token) and not gate.is_terminated()
+    assert gate.accept_token(end)  # the think block ends: the JSON starts here
+    assert not allowed().all() and allowed()[brace] and gate.accept_token(brace)
+    gate.rollback(2)  # speculative rejection across the end: reasoning again
+    assert allowed().all()
+    assert gate.accept_token(end) and gate.accept_token(brace)
+    gate.rollback(1)
+    assert allowed()[brace] and not allowed().all()  # past the end, before the brace

@@ -527,14 +527,42 @@ def test_reasoning_streams_before_the_end_tag(serve):
     [{"response_format": {"type": "json_object"}}, {"regex": "[{].*"},
      {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}],
 )  # fmt: skip
-def test_output_shaped_by_a_grammar_is_content_not_reasoning(serve, parser, extra):
-    # the grammar constrains the first token on: the model cannot think, the JSON is
-    # the answer (a thinking parser put it all in reasoning_content)
-    client = serve(make_tm('{"a": 1}', reasoning_parser=parser))
+def test_a_grammar_starts_after_the_reasoning(serve, parser, extra):
+    # as SGLang: the model thinks free, and the grammar shapes what follows its think
+    # block (the scheduler's gate opens at "</think>"); thinking off, it shapes the
+    # output from the first token, and the JSON is the answer
+    opened = "" if parser == "deepseek-r1" else "<think>"  # r1's prompt opened it
+    tm = make_tm(opened + 'plan</think>{"a": 1}', reasoning_parser=parser)
+    client = serve(tm)
     message = chat(client, **extra).json()["choices"][0]["message"]
-    assert message["content"] == '{"a": 1}' and not message.get("reasoning_content")
+    assert (message["reasoning_content"], message["content"]) == ("plan", '{"a": 1}')
+    assert tm.requests[-1].require_reasoning is True
     events = stream_events(client, **extra)
-    assert joined(events, "content") == '{"a": 1}' and not joined(events, "reasoning_content")
+    assert joined(events, "reasoning_content") == "plan"
+    assert joined(events, "content") == '{"a": 1}'
+    if parser == "qwen3":
+        tm.script = '{"a": 1}'
+        off = {**extra, "chat_template_kwargs": {"enable_thinking": False}}
+        message = chat(client, **off).json()["choices"][0]["message"]
+        assert message["content"] == '{"a": 1}' and not message.get("reasoning_content")
+        assert tm.requests[-1].require_reasoning is False
+
+
+def test_a_grammar_is_shaped_from_the_first_token_when_the_end_tag_is_no_token(serve):
+    tm = make_tm('{"a": 1}', reasoning_parser="qwen3")
+    tm.reasoning_end_token_id = lambda parser: None
+    message = chat(serve(tm), response_format={"type": "json_object"}).json()
+    assert message["choices"][0]["message"]["content"] == '{"a": 1}'
+    assert tm.requests[-1].require_reasoning is False
+
+
+@pytest.mark.parametrize("value, thinks", [(None, True), (1, True), (False, False), (0, False)])
+def test_the_thinking_switch_reads_as_the_template_does(serve, value, thinks):
+    # a null is the default (thinking on); any other value its truth (it read `is True`)
+    tm = make_tm("plan</think>ok", reasoning_parser="qwen3")  # on: reasoning up to </think>
+    body = {"chat_template_kwargs": {"enable_thinking": value}}
+    message = chat(serve(tm), **body).json()["choices"][0]["message"]
+    assert (message.get("reasoning_content") == "plan") is thinks
 
 
 @pytest.mark.parametrize(

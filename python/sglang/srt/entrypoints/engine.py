@@ -74,6 +74,7 @@ class RequestOptions(TypedDict, total=False):
     token_ids_logprob: list[int] | list[list[int]]
     logprob_start_len: int | list[int]
     return_text_in_logprobs: bool
+    require_reasoning: bool  # the constraint applies after the reasoning (SGLang's)
     rid: Any
 
 
@@ -88,7 +89,6 @@ _NOT_IMPLEMENTED = {
     "video_data": "multimodal inputs are not supported by this server",
     "mm_hashes": "multimodal inputs are not supported by this server",
     "mm_content_hashes": "multimodal inputs are not supported by this server",
-    "require_reasoning": "require_reasoning is not supported by this server",
     "return_routed_experts": "return_routed_experts is not supported by this server",
     "routed_experts_start_len": "return_routed_experts is not supported by this server",
     "bootstrap_host": "prefill/decode disaggregation is not supported by this server",

@@ -47,6 +47,8 @@ class GenerateReqInput:
     # Set by a fan-out (n > 1, a prompt list): the whole request's rid, which
     # abort_request(parent) reaches and a new request may not take while this runs.
     parent_rid: str | None = None
+    # SGLang's: the request's constraint applies after the reasoning (--reasoning-parser)
+    require_reasoning: bool = False
 
     def __post_init__(self) -> None:
         if self.rid is None:
@@ -90,6 +92,8 @@ class TokenizedGenerateReqInput:
     logprob_start_len: int = -1
     stream: bool = False
     parent_rid: str | None = None  # as GenerateReqInput's
+    # require_reasoning: the constraint starts after this token (the think block's end)
+    reasoning_end_token_id: int | None = None
 
 
 @dataclass

@@ -71,6 +71,8 @@ class Req:
         self.logprob_start_len = logprob_start_len
         self.stream = stream
         self.parent_rid: str | None = None  # the request whose sample this is (n > 1)
+        # require_reasoning: the grammar starts after this token (constrained/reasoning_gate)
+        self.reasoning_end_token_id: int | None = None
         max_new = sampling_params.max_new_tokens
         self.max_new_tokens = CLIP_MAX_NEW_TOKENS if max_new is None else max_new
         # Nothing but its length (or an abort) can end this request: it will take all of

@@ -52,6 +52,7 @@ from sglang.srt.managers.request_errors import (
     raise_if_failed,
 )
 from sglang.srt.managers.tokenizer_embedding import TokenizerEmbeddingMixin
+from sglang.srt.parser.reasoning_parser import reasoning_format
 from sglang.srt.sampling.param_types import (
     MAX_TOP_LOGPROBS_NUM,
     Flag,
@@ -254,6 +255,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self._admitting = asyncio.Event()  # cleared while a weight update runs
         self._admitting.set()
         self._updates_running = 0
+        self._end_token_ids: dict[str, int | None] = {}  # reasoning parser -> end token
 
     def _init_ipc(self) -> None:
         self._sync_ctx = zmq.Context(1)
@@ -482,7 +484,32 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             logprob_start_len=obj.logprob_start_len,
             stream=obj.stream,
             parent_rid=obj.parent_rid,
+            reasoning_end_token_id=self._required_reasoning_end() if obj.require_reasoning else None,
         )
+
+    def reasoning_end_token_id(self, parser: str | None) -> int | None:
+        """The token that ends `parser`'s think block, None when its end tag is not one
+        token of the tokenizer (or there is no parser)."""
+        if parser is None or self.tokenizer is None:
+            return None
+        if parser not in self._end_token_ids:  # a chat request asks each time
+            tag = reasoning_format(parser).end_tag
+            ids = self.tokenizer.encode(tag, add_special_tokens=False)
+            self._end_token_ids[parser] = ids[0] if len(ids) == 1 else None
+        return self._end_token_ids[parser]
+
+    def _required_reasoning_end(self) -> int:
+        """require_reasoning's end token; InvalidParamError when there is none."""
+        parser = self.config_value("reasoning_parser")
+        token_id = self.reasoning_end_token_id(parser)
+        if token_id is None:
+            why = (
+                "needs a server started with --reasoning-parser"
+                if parser is None
+                else f"needs {reasoning_format(parser).end_tag!r} to be one token of the tokenizer"
+            )
+            raise InvalidParamError(f"require_reasoning {why}", "require_reasoning")
+        return token_id
 
     def _input_ids(self, obj: GenerateReqInput) -> list[int]:
         """The prompt's token ids, checked; cut to what fits with --allow-auto-truncate."""

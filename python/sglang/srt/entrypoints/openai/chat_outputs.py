@@ -62,6 +62,8 @@ class ChatOutputPlan:
     tool_call_parser: str | None = None  # "auto" with no parser: the text is content
     tools: tuple[dict[str, Any], ...] = ()
     single_call: bool = False  # parallel_tool_calls false: calls after the first are dropped
+    # the request's grammar starts after the think block (GenerateReqInput.require_reasoning)
+    grammar_after_reasoning: bool = False
 
     def kept_calls(self, items: Any) -> list[Any]:
         """The parsed call items to send: the first call's only under single_call."""
@@ -127,22 +129,27 @@ def _full_call(item: Any) -> ToolCall:
 
 
 def plan_output(
-    request: ChatCompletionRequest, tool_call_parser: str | None, reasoning_parser: str | None
+    request: ChatCompletionRequest,
+    tool_call_parser: str | None,
+    reasoning_parser: str | None,
+    end_is_one_token: bool = False,
 ) -> ChatOutputPlan:
-    """The plan for `request` on an engine with these parsers in effect."""
+    """The plan for `request` on an engine with these parsers in effect;
+    `end_is_one_token`: the reasoning end tag is one token of the model's tokenizer."""
     mode = tool_mode(request)
     reasoning = reasoning_parser if request.separate_reasoning else None
-    force = None
-    if reasoning in THINKING_SWITCH:
-        key, default = THINKING_SWITCH[reasoning]
-        force = (request.chat_template_kwargs or {}).get(key, default) is True
+    force = _thinking(request, reasoning)
     prefill_force = _continued_think_state(request, reasoning)
     if prefill_force is not None:  # the continued message already opened or closed it
         force = prefill_force
-    if mode == "constrained" or shaped_from_first_token(request):
+    constrained = mode == "constrained" or shaped_from_first_token(request)
+    # As SGLang: a model that thinks first reasons free, and the grammar starts after
+    # its think block (constrained/reasoning_gate.py)
+    after_reasoning = constrained and reasoning is not None and force is not False
+    if constrained and not (after_reasoning and end_is_one_token):
         # The grammar shapes the output from its first token: no think block is open
         # unless the output itself writes one (a regex may)
-        force = False
+        force, after_reasoning = False, False
     return ChatOutputPlan(
         reasoning_parser=reasoning,
         force_reasoning=force,
@@ -151,7 +158,19 @@ def plan_output(
         tool_call_parser=tool_call_parser,
         tools=tuple(tool_dicts(request)),
         single_call=not request.parallel_tool_calls,
+        grammar_after_reasoning=after_reasoning,
     )
+
+
+def _thinking(request: ChatCompletionRequest, reasoning: str | None) -> bool | None:
+    """A hybrid model's thinking switch as the request sets it (chat_template_kwargs;
+    as the templates read it, a null is the default and any other value its truth);
+    None where the parser's default stands."""
+    if reasoning not in THINKING_SWITCH:
+        return None
+    key, default = THINKING_SWITCH[reasoning]
+    value = (request.chat_template_kwargs or {}).get(key)
+    return default if value is None else bool(value)
 
 
 def tool_dicts(request: ChatCompletionRequest) -> list[dict[str, Any]]:

@@ -89,6 +89,8 @@ class OpenAIServingChat(OpenAIServingBase):
         objs = [self._generate_input(request, input_ids, p, rid) for _, p, rid in choices]
         mark_samples(objs, request_id, request.rid)
         plan = self._output_plan(request)
+        for obj in objs:
+            obj.require_reasoning = plan.grammar_after_reasoning
         streams = [ChoiceOutputStream(plan) for _ in objs] if request.stream else []
         return ChatPrepared(
             request_id=request_id, objs=objs, n=request.n, plan=plan, streams=streams
@@ -101,8 +103,12 @@ class OpenAIServingChat(OpenAIServingBase):
     def _output_plan(self, request: ChatCompletionRequest) -> ChatOutputPlan:
         """Read per request: the parsers in effect are this engine's, not the process's."""
         tm = self.tokenizer_manager
+        reasoning_parser = tm.config_value("reasoning_parser")
         return plan_output(
-            request, tm.config_value("tool_call_parser"), tm.config_value("reasoning_parser")
+            request,
+            tm.config_value("tool_call_parser"),
+            reasoning_parser,
+            end_is_one_token=tm.reasoning_end_token_id(reasoning_parser) is not None,
         )
 
     def _prompt_ids(self, request: ChatCompletionRequest) -> list[int]:

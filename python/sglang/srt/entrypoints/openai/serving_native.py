@@ -68,6 +68,8 @@ class GenerateRequest(UnsupportedSGLangFields):
     token_ids_logprob: Union[LogprobTokenIds, list[LogprobTokenIds], None] = None
     stream: Flag = False
     return_text_in_logprobs: Flag = False
+    # SGLang's: the constraint applies after the reasoning (--reasoning-parser)
+    require_reasoning: Flag = False
 
     def check_fields(self) -> None:
         """The rules across fields, as 400s naming the field (a model validator's
@@ -173,6 +175,7 @@ def _one_input(
         rid=rid,
         stream=True,
         return_text_in_logprobs=request.return_text_in_logprobs,
+        require_reasoning=request.require_reasoning,
         **options,
     )
 

@@ -20,6 +20,7 @@ from sglang.srt.constrained.backends import (
 )
 from sglang.srt.constrained.base import InvalidGrammarError, key_of
 from sglang.srt.constrained.grammar_manager import GrammarManager, GrammarMask
+from sglang.srt.constrained.reasoning_gate import ReasoningGate
 from sglang.srt.environ import envs
 from sglang.srt.managers.request_errors import internal_error_reason, invalid_request_reason
 from sglang.srt.managers.schedule_batch import finish_stop
@@ -98,6 +99,9 @@ class SchedulerGrammarMixin:
         if block_s > 0:
             manager.wait(block_s)
         ready, failed = manager.pop_ready()
+        for req in ready:
+            if req.reasoning_end_token_id is not None:  # constrained after the reasoning
+                req.grammar = ReasoningGate(req.grammar, req.reasoning_end_token_id)
         self.waiting_queue.extend(ready)
         if manager.backend_error is not None:  # the first constrained request built it
             self._fall_back_from_grammar(manager.backend_error)

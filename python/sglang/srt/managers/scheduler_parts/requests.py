@@ -94,6 +94,7 @@ class SchedulerRequestsMixin:
         if msg.sampling_params.max_new_tokens is None:
             req.max_new_tokens = self.context_len - len(req.origin_input_ids)
         req.parent_rid = msg.parent_rid
+        req.reasoning_end_token_id = msg.reasoning_end_token_id
         if self.refuse_if_queue_full(req):
             return
         if not self.submit_if_constrained(req):
