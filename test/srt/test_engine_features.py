@@ -369,9 +369,10 @@ def test_queue_limit_rejects_with_clear_error(engine):
     outs = engine.generate("x = 1", greedy(3, n=9))
     assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["length"] * 9
     # More than both hold: no retry can fit it, so no "retry later" (it was a 429)
-    with pytest.raises(InvalidRequestError, match="lower n") as refused:
-        engine.generate("x = 1", greedy(3, n=11))
-    assert refused.value.param == "n"
+    for params in (greedy(3, n=11), {**greedy(3, n=11), "regex": "[a-z]+"}):  # compiling too
+        with pytest.raises(InvalidRequestError, match="lower n") as refused:
+            engine.generate("x = 1", params)
+        assert refused.value.param == "n"
 
 
 def test_abort_by_rid_and_stream_close_free_resources(engine):

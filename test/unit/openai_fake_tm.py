@@ -208,6 +208,9 @@ class FakeTokenizerManager:
     def stalled_ranks(self, limit_s: float) -> list[int]:
         return []
 
+    def updating_weights(self) -> bool:
+        return False
+
     def reasoning_end_token_id(self, parser: str | None) -> int | None:
         return None if parser is None else 7  # the fake tokenizer: one char per token
 

@@ -174,3 +174,17 @@ def test_a_stop_token_after_a_stray_byte_leaves_the_bytes_text(tokenizer):
     finish = {"type": "stop", "matched": end}
     text = detok.step(["r"], [ids], [finish], [DecodeParams(skip_special_tokens=False)])[0]
     assert text == tokenizer.decode(ids[:-1])  # "ok\ufffd" with byte fallback
+
+
+def test_a_stop_token_the_clean_up_pass_merges_leaves_the_text_before_it(tokenizer):
+    # "ok ." finishing on "." read "ok." (the pass moved the token's text onto "ok ")
+    ids = [*tokenizer.encode("ok", add_special_tokens=False),
+           *tokenizer.encode(" .", add_special_tokens=False)]  # fmt: skip
+    for chunk in (len(ids), 1):
+        detok, text = IncrementalDetokenizer(tokenizer), ""
+        for start in range(0, len(ids), chunk):
+            done = start + chunk >= len(ids)
+            finish = {"type": "stop", "matched": ids[-1]} if done else None
+            params = [DecodeParams(stream=True)] if start == 0 else [None]
+            text += detok.step(["r"], [ids[start : start + chunk]], [finish], params)[0]
+        assert text == tokenizer.decode(ids[:-1], skip_special_tokens=True), (ids, chunk)

@@ -686,6 +686,24 @@ def test_health_503_when_scheduler_does_not_answer(client, tm, monkeypatch):
         assert frozen.status_code == 503 and frozen.json() == {"status": "unhealthy"}
 
 
+def test_health_is_200_while_a_weight_update_loads(client, tm, monkeypatch):
+    # the loading scheduler does not step; requests wait for it and then run
+    monkeypatch.setattr(tm, "stalled_ranks", lambda limit_s: [0])
+    monkeypatch.setattr(tm, "updating_weights", lambda: True)
+    assert client.get("/health").status_code == 200
+
+
+def test_a_runtime_that_dies_under_a_weight_update_is_a_503(client, tm, monkeypatch):
+    from sglang.srt.managers.request_errors import ServerUnavailableError
+
+    async def died(*args, **kwargs):
+        raise ServerUnavailableError("The scheduler process (pid 1) exited unexpectedly")
+
+    monkeypatch.setattr(tm, "update_weights_from_disk", died)
+    response = client.post("/update_weights_from_disk", json={"model_path": "/new"})
+    assert response.status_code == 503 and "exited" in response.json()["error"]["message"]
+
+
 def test_health_body_says_dead_once_a_child_died(client, tm, monkeypatch):
     monkeypatch.setattr(tm, "is_alive", lambda: False)  # the status is READY until exit
     response = client.get("/health")

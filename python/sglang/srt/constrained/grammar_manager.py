@@ -165,6 +165,10 @@ class GrammarManager:
         self.queue = still
         return ready, failed
 
+    def waiting_reqs(self) -> list[Any]:
+        """The requests waiting for their grammar, in arrival order."""
+        return [pending.req for pending in self.queue]
+
     def drain(self) -> list[Any]:
         """Take every waiting request out (the backend is gone); returns them."""
         reqs = [pending.req for pending in self.queue]

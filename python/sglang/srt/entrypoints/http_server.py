@@ -234,8 +234,12 @@ async def _scheduler_answers(tokenizer_manager: Any) -> bool:
     forward in progress (the scheduler's watchdog ends one that runs past
     --watchdog-timeout): /health stays fast under a burst and during a long prefill.
     First, every DP rank must have stepped or been in a forward within the timeout:
-    output from one rank says nothing of a frozen other."""
+    output from one rank says nothing of a frozen other. A weight update in progress
+    counts as answering (requests wait for it; the launcher's watchdog ends a scheduler
+    frozen past --watchdog-timeout)."""
     timeout_s = envs.SGLANG_HEALTH_TIMEOUT.get()
+    if tokenizer_manager.updating_weights():  # the schedulers load; requests wait for them
+        return True
     stalled = tokenizer_manager.stalled_ranks(timeout_s)
     if stalled:
         logger.warning("health check: DP rank(s) %s did not step for %.0f s", stalled, timeout_s)

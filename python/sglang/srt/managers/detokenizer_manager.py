@@ -467,13 +467,18 @@ class IncrementalDetokenizer:
             idx = self._stop_index(state, matched)
             if idx is not None:
                 end = idx + len(matched) if state.params.no_stop_trim else idx
+        elif _is_token_id(matched) and not state.params.no_stop_trim and self._cleans_up:
+            # the pass may merge the stop token's text into the text before it ("? ' s"
+            # -> "?'s"): the text is the decode without it, whole
+            state.text = self._decode_many([state.ids[:-1]], [state.params])[0]
+            end = len(state.text)
         elif _is_token_id(matched) and not state.params.no_stop_trim:
             end = self._last_token_start(state)  # a stop token's text is left out
         elif stops and finished is None:
             end -= partial_stop_len(text, stops)
         if end <= state.sent_len:
             return ""
-        delta = text[state.sent_len : end]
+        delta = state.text[state.sent_len : end]
         state.sent_len = end
         return delta
 

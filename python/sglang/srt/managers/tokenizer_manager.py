@@ -736,6 +736,9 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         """Seconds the scheduler's current forward has run; None between forwards."""
         return None if self.forward_clock is None else self.forward_clock.busy_for_s()
 
+    def updating_weights(self) -> bool:
+        return self._updates_running > 0
+
     def stalled_ranks(self, limit_s: float) -> list[int]:
         """Local DP ranks whose scheduler neither stepped nor ran a forward for `limit_s`."""
         return [] if self.forward_clock is None else self.forward_clock.stalled_ranks(limit_s)

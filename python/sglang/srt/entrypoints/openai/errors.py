@@ -21,6 +21,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from sglang.srt.entrypoints.openai.protocol import ErrorBody, ErrorResponse
+from sglang.srt.managers.request_errors import ServerUnavailableError
 from sglang.srt.sampling.param_types import error_of, most_telling_error
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,12 @@ async def _client_disconnect_handler(_: Request, exc: ClientDisconnect) -> JSONR
     return APIError("the client disconnected while sending the request body", 400).response()
 
 
+async def _unavailable_handler(_: Request, exc: ServerUnavailableError) -> JSONResponse:
+    """The runtime died under a control route (a weight update, a flush): a 503, as the
+    requests in flight get."""
+    return APIError(exc.message, exc.status_code).response()
+
+
 async def _unexpected_handler(_: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error in request")
     return APIError(f"internal error: {exc}", 500, err_type="server_error").response()
@@ -136,6 +143,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
     app.add_exception_handler(ClientDisconnect, _client_disconnect_handler)
+    app.add_exception_handler(ServerUnavailableError, _unavailable_handler)
     app.add_exception_handler(Exception, _unexpected_handler)
 
 

@@ -127,9 +127,10 @@ class SchedulerRequestsMixin:
     def _only_own_samples_ahead(self, req: Req) -> bool:
         """Whether every request running or waiting is a sample of `req`'s own request
         (an n > 1 fan-out), so that the queue is full of it alone."""
-        if req.parent_rid is None or self.num_grammar_waiting() or self.chunked_req is not None:
+        if req.parent_rid is None or self.chunked_req is not None:
             return False
-        ahead = [*self.running.reqs, *self.waiting_queue]
+        compiling = self.grammar_manager.waiting_reqs() if self.num_grammar_waiting() else []
+        ahead = [*self.running.reqs, *self.waiting_queue, *compiling]
         return all(r.parent_rid == req.parent_rid for r in ahead)
 
     def handle_abort(self, msg: AbortReq) -> None:
