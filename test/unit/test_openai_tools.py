@@ -915,3 +915,10 @@ def test_a_too_deep_schema_names_the_field_the_request_sent(serve, extra, param)
     error = chat(serve(make_tm("ok")), **extra).json()["error"]
     assert error["param"] == param
     assert error["message"] == f"{param} nests more than 128 levels deep"
+
+
+def test_a_choice_with_only_reasoning_has_a_null_content(serve):
+    # cut inside the think block: no answer text, a null content as SGLang sends
+    tm = make_tm("<think>still thinking", reasoning_parser="qwen3")
+    message = chat(serve(tm)).json()["choices"][0]["message"]
+    assert message["reasoning_content"] == "still thinking" and message["content"] is None

@@ -78,7 +78,7 @@ class ChatOutputPlan:
     def parse_final(self, text: str) -> ChatMessageOut:
         reasoning, rest = self._split_reasoning(text)
         calls, content = self._parse_calls(rest)
-        if calls and not content:
+        if (calls or reasoning) and not content:  # as SGLang: no answer text is a null
             content = None
         return ChatMessageOut(content=content, reasoning_content=reasoning, tool_calls=calls)
 
