@@ -11,8 +11,9 @@ outer object:
 
 Invariant: the fragments of one value, joined, are always a prefix of its
 canonical text (a number a float cannot hold, `1e400`, has none: it goes out as
-written). Numbers and literals go out when their token ends (`1` may become `12`); strings go out as they arrive, holding back only an unfinished
-escape, or a high surrogate whose low half may follow.
+written). Numbers and literals go out when their token ends (`1` may become
+`12`); strings go out as they arrive, holding back only an unfinished escape,
+or a high surrogate whose low half may follow.
 """
 
 from __future__ import annotations
