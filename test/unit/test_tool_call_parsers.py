@@ -632,3 +632,14 @@ def test_constrained_calls_nested_past_json_recursion_keep_their_text():
     text = '[{"name": "get_time", "parameters": {"a": ' + deep + "}}]"
     calls = parse_constrained_calls(text, TOOLS)
     assert [(c.name, c.parameters) for c in calls] == [("get_time", '{"a": ' + deep + "}")]
+
+
+@pytest.mark.parametrize("cut", ["\n</tool_c", "\n<", "\n</tool_call"])
+def test_a_close_cut_by_max_tokens_is_not_content(cut):
+    # the region's close, cut short: "pre </tool_c" was the content, streamed or not
+    text = 'pre <tool_call>\n{"name": "search", "arguments": {"query": "x"}}' + cut
+    normal, calls = _whole("qwen25", text)
+    assert normal.strip() == "pre" and [c.name for c in calls] == ["search"]
+    parser = FunctionCallParser(TOOLS, "qwen25")
+    pieces = [parser.parse_stream_chunk(text), parser.finish_stream()]
+    assert "".join(p.normal_text for p in pieces).strip() == "pre"

@@ -100,13 +100,21 @@ class RegionScanner:
             events += self._reader.finalize(False, shown + self._reader.raw + self._buf)[0]
         elif self._state == "sep":
             self._end_region(events)
-            _emit(events, self._buf)
+            if not self._cut_close(self._buf):
+                _emit(events, self._buf)
         elif self._state == "tail":
             self._failed_tail(events, self._buf)
         else:
             _emit(events, self._syntax + self._buf)
         self._buf, self._syntax = "", ""
         return events
+
+    def _cut_close(self, text: str) -> bool:
+        """Whether `text`, left after a good call when the output ended, is the start of
+        the region's close that max_tokens cut ("</tool_c"): the region's, not content."""
+        stripped = text.strip(JSON_WHITESPACE)
+        close = self._fmt.close_token
+        return self._region_ok and bool(stripped) and close.startswith(stripped)
 
     def _start(self, events: list[ScanEvent]) -> bool:
         stripped = self._buf.lstrip(JSON_WHITESPACE)
