@@ -382,9 +382,10 @@ def test_an_engine_warns_of_http_server_settings(caplog):
 
     caplog.set_level(logging.WARNING, logger="sglang.srt.entrypoints.engine")
     _warn_http_only_fields(ServerArgs(model_path="org/model", port=31234, api_key="k",
-                                      reasoning_parser="qwen3"))  # fmt: skip
+                                      tool_call_parser="qwen25", reasoning_parser="qwen3"))  # fmt: skip
     messages = [r.getMessage() for r in caplog.records]
-    assert [m.split(" ")[0] for m in messages] == ["port", "api_key", "reasoning_parser"]
+    # reasoning_parser acts: it names require_reasoning's end token
+    assert [m.split(" ")[0] for m in messages] == ["port", "api_key", "tool_call_parser"]
     assert all("has no effect on an Engine" in m for m in messages)
 
 

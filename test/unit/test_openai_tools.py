@@ -922,3 +922,20 @@ def test_a_choice_with_only_reasoning_has_a_null_content(serve):
     tm = make_tm("<think>still thinking", reasoning_parser="qwen3")
     message = chat(serve(tm)).json()["choices"][0]["message"]
     assert message["reasoning_content"] == "still thinking" and message["content"] is None
+
+
+def test_a_structural_tag_starts_after_the_reasoning_too(serve):
+    # as every grammar (SGLang gates them all): a strict tool's trigger written while
+    # the model thinks does not constrain the thinking
+    tm = make_tm("<think>plan</think>ok", tool_call_parser="qwen25", reasoning_parser="qwen3")
+    client = serve(tm)
+    strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+    assert chat(client, tools=[strict], tool_choice="auto").status_code == 200
+    assert tm.requests[-1].require_reasoning is True
+    tag = {"type": "structural_tag", "triggers": ["<a"],
+           "structures": [{"begin": "<a>", "schema": {"type": "object"}, "end": "</a>"}]}  # fmt: skip
+    assert chat(client, response_format=tag).status_code == 200
+    assert tm.requests[-1].require_reasoning is True
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert chat(client, tools=[strict], tool_choice="auto", **off).status_code == 200
+    assert tm.requests[-1].require_reasoning is False

@@ -504,7 +504,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         token_id = self.reasoning_end_token_id(parser)
         if token_id is None:
             why = (
-                "needs a server started with --reasoning-parser"
+                "needs a reasoning parser (--reasoning-parser; Engine(reasoning_parser=...))"
                 if parser is None
                 else f"needs {reasoning_format(parser).end_tag!r} to be one token of the tokenizer"
             )

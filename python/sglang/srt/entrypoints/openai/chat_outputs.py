@@ -143,13 +143,15 @@ def plan_output(
     if prefill_force is not None:  # the continued message already opened or closed it
         force = prefill_force
     constrained = mode == "constrained" or shaped_from_first_token(request)
-    # As SGLang: a model that thinks first reasons free, and the grammar starts after
-    # its think block (constrained/reasoning_gate.py)
-    after_reasoning = constrained and reasoning is not None and force is not False
-    if constrained and not (after_reasoning and end_is_one_token):
+    # As SGLang: a model that thinks first reasons free, and any grammar (a structural
+    # tag's triggers too) starts after its think block (constrained/reasoning_gate.py)
+    has_grammar = constrained or uses_structural_tag(request, tool_call_parser)
+    thinks = reasoning is not None and force is not False
+    after_reasoning = has_grammar and thinks and end_is_one_token
+    if constrained and not after_reasoning:
         # The grammar shapes the output from its first token: no think block is open
         # unless the output itself writes one (a regex may)
-        force, after_reasoning = False, False
+        force = False
     return ChatOutputPlan(
         reasoning_parser=reasoning,
         force_reasoning=force,
@@ -254,6 +256,14 @@ def call_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
     if isinstance(choice, dict) or not request.parallel_tool_calls:
         schema = {**schema, "maxItems": 1}  # a named function is called once, as in SGLang
     return schema
+
+
+def uses_structural_tag(request: ChatCompletionRequest, parser_name: str | None) -> bool:
+    """The request's output is held by a structural tag (its own, or strict tools')."""
+    fmt = request.response_format
+    if fmt is not None and fmt.type == "structural_tag":
+        return True
+    return strict_calls_tag(request, parser_name) is not None
 
 
 def strict_calls_tag(request: ChatCompletionRequest, parser_name: str | None) -> dict | None:
