@@ -151,6 +151,32 @@ def test_tp2_on_its_own_group_then_a_dead_rank_fails_pending_requests(
     assert wait_all_gone(list(pids.values())) == []
 
 
+def test_a_frozen_actor_is_killed_past_the_watchdog_and_requests_fail(
+    ray_address, tiny_llama_dir
+):
+    """A SIGSTOPped scheduler actor cannot run its own watchdog: the launcher's kills it
+    past --watchdog-timeout (it watched spawned schedulers only; the request hung)."""
+    import sglang as sgl
+    from sglang.srt.entrypoints.engine import hang_limit_s
+    from sglang.srt.managers.request_errors import ServerUnavailableError
+
+    llm = sgl.RayEngine(model_path=str(tiny_llama_dir), watchdog_timeout=1, **LIGHT)
+    pids = llm.child_pids()
+    clock = llm.tokenizer_manager.forward_clock
+    deadline = time.monotonic() + 30
+    while clock.silent_for_s() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # a scheduler is judged from its first step on (not while loading)
+    try:
+        psutil.Process(pids["scheduler"]).suspend()
+        with pytest.raises(ServerUnavailableError, match="had not stepped"):
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(llm.generate, "x", GREEDY).result(timeout=hang_limit_s(1.0) + 20)
+    finally:
+        llm.shutdown()
+    assert scheduler_actors() == []
+    assert wait_all_gone(list(pids.values())) == []
+
+
 def test_startup_failure_surfaces_the_traceback_and_leaves_nothing(
     ray_address, tiny_llama_dir, tmp_path
 ):
@@ -193,6 +219,17 @@ def test_use_ray_without_ray_exits_2_naming_the_extra(tiny_llama_dir):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert 'pip install -e ".[ray]"' in proc.stderr
+
+
+@pytest.mark.parametrize("node_rank", ["0", "1"])
+def test_use_ray_across_nodes_is_refused_on_every_node(tiny_llama_dir, node_rank):
+    # node 1 took a placement group and then ran a plain worker, ignoring --use-ray
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_llama_dir),
+           "--use-ray", "--tp-size", "2", "--nnodes", "2", "--node-rank", node_rank,
+           "--dist-init-addr", "127.0.0.1:29999"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "nnodes > 1" in proc.stderr and "use nnodes 1" in proc.stderr
 
 
 def test_use_ray_dead_actor_answers_503_and_the_server_exits_1(

@@ -25,6 +25,7 @@ import os
 import pickle
 import struct
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -61,6 +62,33 @@ def init_ray(ray: Any) -> bool:
         return False
     ray.init()
     return True
+
+
+class _RayUsers:
+    """The engines of this process on a Ray connection one of them started: the last
+    to shut down ends it (the first one's ray.shutdown killed the others' actors, whose
+    requests then hung)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._started = False
+
+    def join(self, ray: Any) -> None:
+        with self._lock:
+            if init_ray(ray):
+                self._started = True
+            self._count += 1
+
+    def leave(self, ray: Any) -> None:
+        with self._lock:
+            self._count -= 1
+            if self._count == 0 and self._started:
+                self._started = False
+                ray.shutdown()
+
+
+_RAY_USERS = _RayUsers()
 
 
 # ----------------------------------------------------------------------------
@@ -164,6 +192,8 @@ class ActorProcess:
     def is_alive(self) -> bool:
         import ray
 
+        if not ray.is_initialized():  # the connection ended (ray.shutdown): its actors too
+            return False
         ready, _ = ray.wait([self._run_ref], timeout=0)
         return not ready
 
@@ -312,13 +342,16 @@ def launch_scheduler_actors(
             where_ref = actor.where.remote()
             proc = ActorProcess(actor, where_ref, actor.run.remote(*run_args, reader.writer()))
             children.procs.append((role, proc))
+            if tp_rank == 0:  # the ranks step together: a frozen one stalls them all
+                children.watch_for_hang(role, proc, clock)
             launched.append((role, proc, reader))
     for role, proc, _ in launched:
         proc.wait_placed(role)
     return launched
 
 
-def _check_fits(server_args: Any, placement_group: Any, num_ranks: int) -> None:
+def check_single_node(server_args: Any) -> None:
+    """ValueError for --nnodes > 1 (on any node): Ray places every rank instead."""
     from sglang.srt.server_args import resolution_result
 
     if int(resolution_result(server_args, "nnodes")) > 1:
@@ -326,6 +359,10 @@ def _check_fits(server_args: Any, placement_group: Any, num_ranks: int) -> None:
             "--nnodes > 1 starts one launcher per node; RayEngine places every rank "
             "through its placement group instead (use nnodes 1)"
         )
+
+
+def _check_fits(server_args: Any, placement_group: Any, num_ranks: int) -> None:
+    check_single_node(server_args)
     num_bundles = len(placement_group.bundle_specs)
     if num_bundles < num_ranks:
         raise ValueError(
@@ -375,7 +412,8 @@ class RayEngine(Engine):
 
     def __init__(self, server_args: Any = None, placement_group: Any = None, **kwargs: Any) -> None:
         ray = require_ray()
-        self._started_ray = init_ray(ray)
+        _RAY_USERS.join(ray)
+        self._joined_ray = True
         if placement_group is None:  # the group of the calling Ray task or actor, if any
             placement_group = ray.util.get_current_placement_group()
         self._placement_group = placement_group
@@ -404,8 +442,9 @@ class RayEngine(Engine):
     def _release_ray(self) -> None:
         if self._owns_placement_group and self._placement_group is not None:
             remove_placement_group(self._placement_group)
-        if self._started_ray:
-            require_ray().shutdown()
+        if self._joined_ray:
+            self._joined_ray = False
+            _RAY_USERS.leave(require_ray())
 
 
 def launch_server_on_ray(server_args: Any) -> int:
@@ -414,8 +453,9 @@ def launch_server_on_ray(server_args: Any) -> int:
     from sglang.srt.entrypoints.http_server import launch_server
 
     ray = require_ray()
+    server_args.resolve_once()
+    check_single_node(server_args)  # before a group holds the cluster's CPUs
     with _ray_session(ray):
-        server_args.resolve_once()
         group = create_placement_group(server_args)
         try:
             return launch_server(server_args, placement_group=group)
