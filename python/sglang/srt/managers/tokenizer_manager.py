@@ -233,6 +233,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         )
         self.context_len = int(ready_info.get("context_len", self.model_config.context_len))
         self.max_req_input_len = int(ready_info.get("max_req_input_len", self.context_len - 1))
+        self._end_token_ids: dict[str, int | None] = {}  # reasoning parser -> end token
         self.ready_info = dict(ready_info)
         from sglang.srt.runtime_context import get_observability
 
@@ -255,7 +256,6 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self._admitting = asyncio.Event()  # cleared while a weight update runs
         self._admitting.set()
         self._updates_running = 0
-        self._end_token_ids: dict[str, int | None] = {}  # reasoning parser -> end token
 
     def _init_ipc(self) -> None:
         self._sync_ctx = zmq.Context(1)

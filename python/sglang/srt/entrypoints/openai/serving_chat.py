@@ -86,11 +86,9 @@ class OpenAIServingChat(OpenAIServingBase):
             params = {**params, "structural_tag": json.dumps(tag)}
         request_id = new_request_id("chatcmpl")
         choices = plan_choices(request_id, request.rid, params, 1, request.n)
-        objs = [self._generate_input(request, input_ids, p, rid) for _, p, rid in choices]
-        mark_samples(objs, request_id, request.rid)
         plan = self._output_plan(request)
-        for obj in objs:
-            obj.require_reasoning = plan.grammar_after_reasoning
+        objs = [self._generate_input(request, plan, input_ids, p, rid) for _, p, rid in choices]
+        mark_samples(objs, request_id, request.rid)
         streams = [ChoiceOutputStream(plan) for _ in objs] if request.stream else []
         return ChatPrepared(
             request_id=request_id, objs=objs, n=request.n, plan=plan, streams=streams
@@ -160,7 +158,11 @@ class OpenAIServingChat(OpenAIServingBase):
 
     @staticmethod
     def _generate_input(
-        request: ChatCompletionRequest, input_ids: list[int], params: dict[str, Any], rid: str
+        request: ChatCompletionRequest,
+        plan: ChatOutputPlan,
+        input_ids: list[int],
+        params: dict[str, Any],
+        rid: str,
     ) -> GenerateReqInput:
         return GenerateReqInput(
             input_ids=list(input_ids),
@@ -170,6 +172,7 @@ class OpenAIServingChat(OpenAIServingBase):
             return_logprob=request.logprobs,
             top_logprobs_num=(request.top_logprobs or 0) if request.logprobs else 0,
             return_text_in_logprobs=True,
+            require_reasoning=plan.grammar_after_reasoning,
         )
 
     def _choice(
