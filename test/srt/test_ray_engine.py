@@ -177,6 +177,24 @@ def test_a_frozen_actor_is_killed_past_the_watchdog_and_requests_fail(
     assert wait_all_gone(list(pids.values())) == []
 
 
+def test_a_group_the_cluster_never_grants_is_named_in_the_error(
+    ray_address, tiny_llama_dir, monkeypatch
+):
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    import sglang as sgl
+    from sglang.srt.entrypoints import ray_engine
+
+    monkeypatch.setattr(ray_engine, "PLACEMENT_TIMEOUT_S", 1.0)
+    group = placement_group([{"CPU": 1000}])  # more than the cluster's 4
+    try:
+        with pytest.raises(RuntimeError, match="did not grant the placement group"):
+            sgl.RayEngine(model_path=str(tiny_llama_dir), placement_group=group, **LIGHT)
+        assert scheduler_actors() == []
+    finally:
+        remove_placement_group(group)
+
+
 def test_startup_failure_surfaces_the_traceback_and_leaves_nothing(
     ray_address, tiny_llama_dir, tmp_path
 ):

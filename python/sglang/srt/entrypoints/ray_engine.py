@@ -327,6 +327,7 @@ def launch_scheduler_actors(
     ray = require_ray()
     tp_size = int(resolution_result(server_args, "tp_size"))
     _check_fits(server_args, placement_group, len(clocks) * tp_size)
+    _wait_granted(ray, placement_group)
     remote_cls = ray.remote(SchedulerActor)
     tag = uuid.uuid4().hex[:8]
     launched = []
@@ -359,6 +360,30 @@ def check_single_node(server_args: Any) -> None:
             "--nnodes > 1 starts one launcher per node; RayEngine places every rank "
             "through its placement group instead (use nnodes 1)"
         )
+
+
+def _check_group_type(placement_group: Any) -> None:
+    """TypeError unless `placement_group` is None or a Ray PlacementGroup."""
+    from ray.util.placement_group import PlacementGroup
+
+    if placement_group is not None and not isinstance(placement_group, PlacementGroup):
+        raise TypeError(
+            f"placement_group must be a ray.util.placement_group.PlacementGroup (from "
+            f"ray.util.placement_group(...)) or None, not {type(placement_group).__name__}"
+        )
+
+
+def _wait_granted(ray: Any, group: Any) -> None:
+    """Wait for the cluster to grant the caller's group (ours is granted already); a
+    RuntimeError naming the group's bundles past PLACEMENT_TIMEOUT_S."""
+    try:
+        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeError(
+            f"the Ray cluster did not grant the placement group (bundles "
+            f"{group.bundle_specs}) within {PLACEMENT_TIMEOUT_S:.0f} s "
+            f"(ray.available_resources(): {ray.available_resources()})"
+        ) from None
 
 
 def _check_fits(server_args: Any, placement_group: Any, num_ranks: int) -> None:
@@ -412,6 +437,7 @@ class RayEngine(Engine):
 
     def __init__(self, server_args: Any = None, placement_group: Any = None, **kwargs: Any) -> None:
         ray = require_ray()
+        _check_group_type(placement_group)
         _RAY_USERS.join(ray)
         self._joined_ray = True
         if placement_group is None:  # the group of the calling Ray task or actor, if any
