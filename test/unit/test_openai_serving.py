@@ -780,7 +780,7 @@ def test_openapi_describes_every_post_body(client):
     [
         ({"seed": "x"}, "sampling_params.seed"),
         ({"seed": 1.5}, "sampling_params.seed"),
-        ({"stop": [1]}, "sampling_params.stop"),
+        ({"stop": [1]}, "sampling_params.stop.0"),
         ({"stop_token_ids": [1.5], "min_new_tokens": 1}, "sampling_params.stop_token_ids.0"),
         ({"skip_special_tokens": "no"}, "sampling_params.skip_special_tokens"),
         ({"n": 10_000}, "sampling_params.n"),
@@ -790,6 +790,30 @@ def test_openapi_describes_every_post_body(client):
 def test_native_bad_sampling_params_are_400_naming_the_field(client, sampling_params, param):
     body = {"text": "def f(", "sampling_params": {"max_new_tokens": 4, **sampling_params}}
     assert_error(client.post("/generate", json=body), 400, param)
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"input_ids": [[1, 2], [3, -1]]}, "input_ids.1.1"),
+        ({"input_ids": [[1, 2], [3, 1.5]]}, "input_ids.1.1"),
+        ({"input_ids": [[1], [2, [3]]]}, "input_ids.1.1"),
+        ({"text": ["a", 5]}, "text.1"),
+        ({"text": "x", "return_logprob": True, "token_ids_logprob": [[1], [2, -3]]},
+         "token_ids_logprob.1.1"),
+    ],
+)
+def test_native_bad_nested_list_names_the_bad_element(client, body, param):
+    assert_error(client.post("/generate", json=body), 400, param)
+
+
+def test_native_null_options_take_their_defaults(client):
+    body = {"text": "def f(", "sampling_params": {"max_new_tokens": 2},
+            "return_logprob": None, "top_logprobs_num": None, "logprob_start_len": None,
+            "stream": None, "return_text_in_logprobs": None, "require_reasoning": None}
+    response = client.post("/generate", json=body)
+    assert response.status_code == 200, response.text
+    assert "input_token_logprobs" not in response.json()["meta_info"]
 
 
 def test_native_top_logprobs_num_capped(client):

@@ -109,15 +109,18 @@ def first_error(exc: ValidationError, prefix: str = "") -> InvalidParamError:
 
 
 def most_telling_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first error, or for a union field the member's error that is not a type
-    mismatch: 65 stop strings are "at most 64 items", not "Input should be a valid
-    string" (the str member's complaint)."""
-    first = errors[0]
-    field = _field_path(first)
-    for error in errors:
-        if _field_path(error)[: len(field)] == field and not error.get("type", "").endswith("_type"):
-            return error
-    return first
+    """Of the first error's field, the error of the union member the client meant: one
+    that is not a type mismatch (65 stop strings are "at most 64 items", not the str
+    member's "Input should be a valid string"), else the one deepest in the value
+    (`input_ids: [[1], [2, [3]]]` is wrong at `input_ids.1.1`, not at the flat list
+    member's `input_ids.0`); the first of equals."""
+    field = _field_path(errors[0])[:1]
+    same_field = [e for e in errors if _field_path(e)[:1] == field]
+    return min(same_field, key=lambda e: (_is_type_mismatch(e), -len(_field_path(e))))
+
+
+def _is_type_mismatch(error: dict[str, Any]) -> bool:
+    return error.get("type", "").endswith("_type")
 
 
 def _field_path(error: dict[str, Any]) -> list[str]:

@@ -87,6 +87,21 @@ _UNSUPPORTED_SGLANG_FIELDS = {
 }
 
 
+class NullTakesTheDefault(BaseModel):
+    """OpenAI's reference marks `n`, `stream`, the penalties, `logprobs`, `echo`, ...
+    nullable and clients (LangChain, LiteLLM) send explicit nulls: as in vLLM, a null
+    means the field's default (SGLang's GenerateReqInput declares its fields Optional
+    too). A required field's null is still refused."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_takes_the_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        defaulted = _fields_with_a_default(cls)
+        return {k: v for k, v in data.items() if v is not None or k not in defaulted}
+
+
 class UnsupportedSGLangFields(BaseModel):
     """SGLang's request fields this server does not implement: refused naming the
     field on every route (/generate too), never ignored; a null or false is fine."""
@@ -105,7 +120,7 @@ class UnsupportedSGLangFields(BaseModel):
         return value
 
 
-class SamplingFields(UnsupportedSGLangFields):
+class SamplingFields(NullTakesTheDefault, UnsupportedSGLangFields):
     """Sampling fields common to chat and completions, including SGLang's extras.
 
     Each field's type and range comes from `sampling.param_types`, the definition
@@ -146,17 +161,6 @@ class SamplingFields(UnsupportedSGLangFields):
         if value is not None and not info.data.get("stream"):  # OpenAI and vLLM refuse it
             raise ValueError("stream_options is only allowed when stream is true")
         return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_takes_the_default(cls, data: Any) -> Any:
-        """OpenAI's reference marks `n`, `stream`, the penalties, `logprobs`, `echo`, ...
-        nullable and clients (LangChain, LiteLLM) send explicit nulls: as in vLLM, a null
-        means the field's default. A required field's null is still refused."""
-        if not isinstance(data, dict):
-            return data
-        defaulted = _fields_with_a_default(cls)
-        return {k: v for k, v in data.items() if v is not None or k not in defaulted}
 
 
 @functools.cache

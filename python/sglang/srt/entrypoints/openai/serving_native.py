@@ -18,7 +18,7 @@ from pydantic import ConfigDict
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
-from sglang.srt.entrypoints.openai.protocol import UnsupportedSGLangFields
+from sglang.srt.entrypoints.openai.protocol import NullTakesTheDefault, UnsupportedSGLangFields
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_STATUS,
     mark_samples,
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from sglang.srt.observability.metrics import ServerMetrics
 
 
-class GenerateRequest(UnsupportedSGLangFields):
+class GenerateRequest(NullTakesTheDefault, UnsupportedSGLangFields):
     """The body of `/generate`; `sampling_params` is the shared native definition."""
 
     model_config = ConfigDict(extra="forbid")
