@@ -937,6 +937,18 @@ def test_tokenize_without_a_tokenizer_is_400(tm):
         assert "--skip-tokenizer-init" in error["message"]
 
 
+def test_completions_without_a_tokenizer_return_the_token_ids(tm, client):
+    body = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0}
+    assert "token_ids" not in client.post("/v1/completions", json=body).json()["choices"][0]
+    tm.tokenizer = None  # --skip-tokenizer-init: there is no text to send
+    with make_client(tm) as no_tokenizer:
+        choice = no_tokenizer.post("/v1/completions", json=body).json()["choices"][0]
+        assert len(choice["token_ids"]) == 4 and all(isinstance(t, int) for t in choice["token_ids"])
+        events = sse_events(no_tokenizer.post("/v1/completions", json={**body, "stream": True}))
+        streamed = [t for e in events for c in e["choices"] for t in c.get("token_ids", [])]
+        assert streamed == choice["token_ids"]
+
+
 def test_a_stream_that_fails_while_shaping_chunks_ends_with_an_error_event():
     """A bug past the first chunk (a parser raising, say) must not cut the connection:
     the client gets an error event and [DONE], and the choices are closed."""

@@ -218,6 +218,9 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     matched_stop: Union[int, str, None] = None
+    # the output's token ids (vLLM's field), only from a server without a tokenizer
+    # (--skip-tokenizer-init), whose `text` is empty
+    token_ids: list[int] | None = Field(default=None, exclude_if=lambda ids: ids is None)
 
 
 class CompletionResponse(BaseModel):

@@ -280,6 +280,7 @@ class ChoiceStream:
     """What one choice has already sent in a stream."""
 
     text_len: int = 0
+    num_ids: int = 0
     num_logprobs: int = 0
     started: bool = False
     logprob_offsets: Any = None  # completions' TextOffsets of the next output token
@@ -287,6 +288,11 @@ class ChoiceStream:
     def take_text(self, text: str) -> str:
         delta = text[self.text_len :]
         self.text_len = max(self.text_len, len(text))
+        return delta
+
+    def take_ids(self, ids: list[int]) -> list[int]:
+        delta = ids[self.num_ids :]
+        self.num_ids = max(self.num_ids, len(ids))
         return delta
 
     def take_logprob_start(self, meta: dict[str, Any]) -> int:

@@ -138,6 +138,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
             logprobs=logprobs,
             finish_reason=finish_reason,
             matched_stop=matched,
+            token_ids=list(output["output_ids"]) if self.tokenizer is None else None,
         )
 
     def _logprobs(
@@ -190,13 +191,13 @@ class OpenAIServingCompletion(OpenAIServingBase):
         echo = "" if state.started else self._echo(prepared, index)
         logprobs = self._stream_logprobs(request, meta, state, len(echo))
         text = echo + state.take_text(output["text"])
+        new_ids = state.take_ids(output["output_ids"]) if self.tokenizer is None else None
         first, state.started = not state.started, True
         finish_reason, matched = finish_reason_of(meta)
-        if not (text or first or finish_reason or (logprobs and logprobs.tokens)):
+        if not (text or new_ids or first or finish_reason or (logprobs and logprobs.tokens)):
             return
-        yield completion_chunk(
-            prepared.request_id, request.model, index, text, logprobs, finish_reason, matched
-        )
+        yield completion_chunk(prepared.request_id, request.model, index, text, logprobs,
+                               finish_reason, matched, new_ids)  # fmt: skip
 
     def _stream_logprobs(
         self, request: CompletionRequest, meta: dict[str, Any], state: ChoiceStream, echo_len: int

@@ -32,8 +32,10 @@ def completion_chunk(
     logprobs: CompletionLogProbs | None = None,
     finish_reason: str | None = None,
     matched_stop: int | str | None = None,
+    token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    """`CompletionStreamResponse(choices=[CompletionStreamChoice(...)]).model_dump()`."""
+    """`CompletionStreamResponse(choices=[CompletionStreamChoice(...)]).model_dump()`;
+    `token_ids` (the new ones) only from a server without a tokenizer."""
     choice = {
         "index": index,
         "text": text,
@@ -41,6 +43,8 @@ def completion_chunk(
         "finish_reason": finish_reason,
         "matched_stop": matched_stop,
     }
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
     return _chunk(request_id, COMPLETION_CHUNK_OBJECT, model, choice)
 
 
