@@ -124,3 +124,18 @@ def test_pool_size_off_cpu_still_uses_the_fraction(runner_with, monkeypatch):
     size, rule = runner._pool_size(DEMO_BYTES_PER_TOKEN)
     assert size == int(0.85 * 20 * GiB // DEMO_BYTES_PER_TOKEN)
     assert rule == "mem_fraction_static 0.85 of free cuda memory"
+
+
+def test_max_running_requests_past_the_pool_is_capped_to_its_pages(runner_with, caplog):
+    """Each running request holds a page: more rows than pages is memory for nothing
+    (10^7 rows of the table asked the allocator for 164 GB and start-up failed)."""
+    with caplog.at_level(logging.WARNING, logger=mr.__name__):
+        runner = runner_with(max_total_tokens=2048, max_running_requests=10_000_000, page_size=4)
+    assert runner.max_running_requests == 512
+    assert any("--max-running-requests 10000000" in r.getMessage() for r in caplog.records)
+    assert runner_with(max_total_tokens=2048, max_running_requests=100).max_running_requests == 100
+
+
+def test_max_total_tokens_past_the_memory_is_refused_naming_it(runner_with):
+    with pytest.raises(RuntimeError, match="--max-total-tokens 10000000000: a KV pool of"):
+        runner_with(max_total_tokens=10_000_000_000)

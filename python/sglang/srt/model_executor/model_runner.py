@@ -241,6 +241,7 @@ class ModelRunner:
         """The pool's size in tokens and the rule that decided it (logged)."""
         if self.settings.max_total_tokens:
             size, rule = int(self.settings.max_total_tokens), "set by --max-total-tokens"
+            self._check_pool_fits(size, bytes_per_token)
         elif self.device.type == "cpu" and self.settings.mem_fraction_static is None:
             size, rule = cpu_default_pool_size(
                 bytes_per_token,
@@ -260,6 +261,18 @@ class ModelRunner:
             )
         return size, rule
 
+    def _check_pool_fits(self, num_tokens: int, bytes_per_token: int) -> None:
+        """RuntimeError naming --max-total-tokens when its pool exceeds the device's
+        available memory (the allocator's bare ENOMEM said nothing of the flag)."""
+        pool_bytes = num_tokens * bytes_per_token
+        available = available_memory_bytes(self.device)
+        if pool_bytes > available:
+            raise RuntimeError(
+                f"--max-total-tokens {num_tokens}: a KV pool of {pool_bytes / 2**30:.1f} GiB "
+                f"({bytes_per_token} bytes/token) does not fit the {available / 2**30:.1f} "
+                f"GiB of {self.device.type} memory available"
+            )
+
     def _mem_fraction(self) -> float:
         fraction = self.settings.mem_fraction_static
         return 0.85 if fraction is None else fraction  # None here: not cpu (see _pool_size)
@@ -270,13 +283,26 @@ class ModelRunner:
 
     def _max_running_requests(self, bytes_per_token: int) -> int:
         if self.settings.max_running_requests:
-            return int(self.settings.max_running_requests)
+            return self._pool_bounded(int(self.settings.max_running_requests))
         row_bytes = (self.context_len + 4) * 4  # one int32 row of req_to_token
         table_cap = int(
             self.max_total_num_tokens * bytes_per_token * _REQ_TABLE_BUDGET // row_bytes
         )
         by_tokens = self.max_total_num_tokens // 2
         return max(1, min(_MAX_RUNNING_REQUESTS_CAP, by_tokens, max(table_cap, 32)))
+
+    def _pool_bounded(self, max_running: int) -> int:
+        """--max-running-requests, at most one request per page of the KV pool (each
+        running request holds a page): the req_to_token table has a row per request,
+        and 10^7 rows of a 4k context asked the allocator for 164 GB."""
+        pool_pages = max(1, self.max_total_num_tokens // self.page_size)
+        if max_running > pool_pages:
+            logger.warning(
+                "--max-running-requests %d: the KV pool holds %d pages, so at most %d "
+                "requests can run at once; using %d",
+                max_running, pool_pages, pool_pages, pool_pages,
+            )  # fmt: skip
+        return min(max_running, pool_pages)
 
     # -- CUDA graphs ----------------------------------------------------------------------
 
