@@ -312,6 +312,10 @@ def test_flags_the_rest_of_the_config_leaves_unread_warn(caplog, tmp_path):
         ({"is_embedding": True, "stream_interval": 4}, "--stream-interval has no effect here"),
         ({"is_embedding": True, "sampling_defaults": "openai"},
          "--sampling-defaults has no effect here"),
+        ({"is_embedding": True, "constrained_json_disable_any_whitespace": True},
+         "--constrained-json-disable-any-whitespace has no effect here: an embedding"),
+        ({"log_requests": True, "log_level": "warning"},
+         "--log-requests has no effect here: its lines are logged at info"),
         ({"skip_tokenizer_init": True, "reasoning_parser": "qwen3"},
          "--reasoning-parser has no effect here: skip_tokenizer_init"),
         ({"skip_tokenizer_init": True, "tool_call_parser": "qwen25"},
@@ -382,10 +386,13 @@ def test_an_engine_warns_of_http_server_settings(caplog):
 
     caplog.set_level(logging.WARNING, logger="sglang.srt.entrypoints.engine")
     _warn_http_only_fields(ServerArgs(model_path="org/model", port=31234, api_key="k",
-                                      tool_call_parser="qwen25", reasoning_parser="qwen3"))  # fmt: skip
+                                      served_model_name="mine", tool_call_parser="qwen25",
+                                      reasoning_parser="qwen3"))  # fmt: skip
     messages = [r.getMessage() for r in caplog.records]
     # reasoning_parser acts: it names require_reasoning's end token
-    assert [m.split(" ")[0] for m in messages] == ["port", "api_key", "tool_call_parser"]
+    assert [m.split(" ")[0] for m in messages] == [
+        "port", "api_key", "served_model_name", "tool_call_parser"
+    ]  # fmt: skip
     assert all("has no effect on an Engine" in m for m in messages)
 
 

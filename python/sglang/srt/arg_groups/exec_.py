@@ -94,8 +94,9 @@ class ExecFeaturesArgs:
     )
     constrained_json_disable_any_whitespace: bool = arg(
         False,
-        "JSON-schema constraints allow no free whitespace (compact JSON): fewer tokens, "
-        "and a weak model cannot wander in whitespace.",
+        "JSON-schema constraints allow no free whitespace (one space after ',' and ':', "
+        "as json.dumps writes, nothing else): fewer tokens, and a weak model cannot "
+        "wander in whitespace.",
     )
     num_threads: int | None = arg(
         None, "CPU intra-op threads for torch. Default: torch's own choice."

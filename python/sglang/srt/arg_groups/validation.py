@@ -343,13 +343,9 @@ def context_noops(c: Any, typed: Any, defaults: dict[str, Any]) -> list[tuple[st
     if typed.max_total_tokens is not None and typed.mem_fraction_static is not None:
         out.append(("mem_fraction_static", "--max-total-tokens sets the KV pool's size"))
     if c.is_embedding:
-        for name in ("chat_template", "reasoning_parser", "tool_call_parser"):
-            if getattr(c, name) is not None:
-                out.append((name, "an embedding server (--is-embedding) serves no chat"))
-        if c.stream_interval != defaults["stream_interval"]:
-            out.append(("stream_interval", "an embedding server (--is-embedding) streams nothing"))
-        if c.sampling_defaults != defaults["sampling_defaults"]:
-            out.append(("sampling_defaults", "an embedding server (--is-embedding) samples nothing"))
+        out += _embedding_noops(c, defaults)
+    if c.log_requests and c.log_level not in ("debug", "info"):
+        out.append(("log_requests", f"its lines are logged at info, below --log-level {c.log_level}"))
     if c.grammar_backend == "none" and c.constrained_json_disable_any_whitespace:
         out.append(("constrained_json_disable_any_whitespace", "grammar_backend is none"))
     if c.skip_tokenizer_init and typed.tokenizer_path is not None:
@@ -358,6 +354,22 @@ def context_noops(c: Any, typed: Any, defaults: dict[str, Any]) -> list[tuple[st
         for name in ("chat_template", "reasoning_parser", "tool_call_parser"):
             if getattr(c, name) is not None:
                 out.append((name, "skip_tokenizer_init loads no tokenizer: chat is refused"))
+    return out
+
+
+def _embedding_noops(c: Any, defaults: dict[str, Any]) -> list[tuple[str, str]]:
+    """context_noops' fields an embedding server (--is-embedding) never reads."""
+    out = []
+    for name in ("chat_template", "reasoning_parser", "tool_call_parser"):
+        if getattr(c, name) is not None:
+            out.append((name, "an embedding server (--is-embedding) serves no chat"))
+    if c.stream_interval != defaults["stream_interval"]:
+        out.append(("stream_interval", "an embedding server (--is-embedding) streams nothing"))
+    if c.sampling_defaults != defaults["sampling_defaults"]:
+        out.append(("sampling_defaults", "an embedding server (--is-embedding) samples nothing"))
+    if c.constrained_json_disable_any_whitespace:
+        out.append(("constrained_json_disable_any_whitespace",
+                    "an embedding server (--is-embedding) constrains no output"))  # fmt: skip
     return out
 
 

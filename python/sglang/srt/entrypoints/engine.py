@@ -640,6 +640,7 @@ def _record_detected_parsers(tokenizer_manager: TokenizerManager, launch_args: A
 # ServerArgs fields that configure the HTTP server, which an Engine does not run
 HTTP_ONLY_FIELDS = (
     "host", "port", "api_key", "max_request_body_mb", "skip_server_warmup", "enable_metrics",
+    "served_model_name",  # the OpenAI routes' model name (/v1/models)
     # the chat route's (the Engine has no chat API; reasoning_parser names the end token
     # of require_reasoning, which the Engine takes)
     "chat_template", "tool_call_parser",
