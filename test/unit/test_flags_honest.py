@@ -444,3 +444,15 @@ def test_help_carries_each_note():
     helps = {a.option_strings[0]: a.help for a in build_parser()._actions if a.option_strings}
     for flag, note in flag_support_notes().items():
         assert note in _squash(helps[flag]), flag
+
+
+def test_a_quoted_tilde_path_is_expanded_for_every_reader(tmp_path, monkeypatch):
+    """`--model-path '~/m'` passed the launcher's checks, then the tokenizer loader took
+    it for a hub id ("Repo id must use alphanumeric chars")."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = ServerArgs(model_path="~/m", tokenizer_path="~/m", device="cpu").resolve_once()
+    assert resolution_result(args, "model_path") == str(tmp_path / "m")
+    assert resolution_result(args, "tokenizer_path") == str(tmp_path / "m")
+    assert args.model_path == "~/m"  # what the operator typed stays as typed

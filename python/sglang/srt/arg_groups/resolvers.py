@@ -61,7 +61,7 @@ def resolve_model_path(c: Any) -> Resolved:
     if c.model_path is not None:
         check_local_path_exists("model_path", c.model_path)
         check_checkpoint_dir("model_path", c.model_path)
-        return None
+        return _home_expanded("model_path", c.model_path)
     from sglang.demo_models import demo_target_path
 
     path = demo_target_path()
@@ -72,6 +72,14 @@ def resolve_model_path(c: Any) -> Resolved:
         )
     logger.info("No --model-path given: serving the bundled demo model at %s", path)
     return "demo_model", {"model_path": str(path)}
+
+
+def _home_expanded(name: str, path: str) -> Resolved:
+    """A path typed with a leading `~` (quoted, so no shell expanded it), expanded for
+    every reader: the tokenizer and config loaders would take `~/m` for a hub id."""
+    if not path.startswith("~"):
+        return None
+    return "home_expanded", {name: os.path.expanduser(path)}
 
 
 def looks_like_local_path(path: str) -> bool:
@@ -100,7 +108,7 @@ def check_checkpoint_dir(name: str, path: str) -> None:
 def resolve_tokenizer_path(c: Any) -> Resolved:
     if c.tokenizer_path is not None:
         check_local_path_exists("tokenizer_path", c.tokenizer_path)
-        return None
+        return _home_expanded("tokenizer_path", c.tokenizer_path)
     return "tokenizer_from_model", {"tokenizer_path": c.model_path}
 
 
@@ -298,7 +306,8 @@ def _draft_model_path(c: Any) -> dict[str, Any]:
     if c.speculative_draft_model_path is not None:
         check_local_path_exists("speculative_draft_model_path", c.speculative_draft_model_path)
         check_checkpoint_dir("speculative_draft_model_path", c.speculative_draft_model_path)
-        return {}
+        expanded = _home_expanded("speculative_draft_model_path", c.speculative_draft_model_path)
+        return expanded[1] if expanded else {}
     from sglang.demo_models import demo_draft_path
 
     path = demo_draft_path()
