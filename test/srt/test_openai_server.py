@@ -202,6 +202,15 @@ def test_completion_stream_with_logprobs(client):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_completion_default_max_tokens_is_cut_to_the_room_left(client, server):
+    """OpenAI's default 16 is the route's, not the client's: a prompt 5 tokens short of
+    the context gets those 5 (a 400 blamed a max_tokens the client never sent)."""
+    context = requests.get(server.base_url + "/v1/models", timeout=30).json()["data"][0]["max_model_len"]
+    out = client.completions.create(model="tiny", prompt=[7] * (context - 5), temperature=0,
+                                    extra_body={"ignore_eos": True})  # fmt: skip
+    assert out.usage.completion_tokens == 5 and out.choices[0].finish_reason == "length"
+
+
 def test_bad_requests_answered_and_server_keeps_serving(client, server):
     with pytest.raises(openai.BadRequestError):
         chat(client, max_tokens=2, temperature=-1)

@@ -108,7 +108,8 @@ class FakeTokenizerManager:
         return sum(input_ids) % len(OUTPUT_ALPHABET)
 
     async def _decode(self, obj, input_ids, params):
-        max_new = params.get("max_new_tokens", 128)
+        default = obj.default_max_new_tokens if obj.default_max_new_tokens is not None else 128
+        max_new = params.get("max_new_tokens", default)
         stops = params.get("stop") or []
         stops = [stops] if isinstance(stops, str) else stops
         start, text, ids = self._start(input_ids, params), "", []

@@ -234,8 +234,11 @@ def test_completions_stream_logprobs_match_non_stream(client, echo):
 
 
 def test_completions_default_max_tokens_is_16(client, tm):
-    client.post("/v1/completions", json={"model": MODEL, "prompt": "a"})
-    assert tm.requests[0].sampling_params["max_new_tokens"] == 16
+    response = client.post("/v1/completions", json={"model": MODEL, "prompt": "a"})
+    # the route's default, which the TokenizerManager cuts to the room the context leaves
+    assert "max_new_tokens" not in tm.requests[0].sampling_params
+    assert tm.requests[0].default_max_new_tokens == 16
+    assert response.json()["usage"]["completion_tokens"] == 16
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -49,6 +49,9 @@ class GenerateReqInput:
     parent_rid: str | None = None
     # SGLang's: the request's constraint applies after the reasoning (--reasoning-parser)
     require_reasoning: bool = False
+    # A route's own default for max_new_tokens when the caller set none (the legacy
+    # completions' 16); cut to the room the context leaves, as the server's 128 is
+    default_max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.rid is None:

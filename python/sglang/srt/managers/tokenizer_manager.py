@@ -458,7 +458,10 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         # With auto-truncate (the prompt is already cut, _input_ids) max_new_tokens is cut
         # to the room the context leaves; so is the default (128) when the caller set
         # none, as in SGLang: only a max_new_tokens the caller set is refused for not fitting
-        if self.allow_auto_truncate or "max_new_tokens" not in (obj.sampling_params or {}):
+        caller_set_max = "max_new_tokens" in (obj.sampling_params or {})
+        if not caller_set_max and obj.default_max_new_tokens is not None:
+            params.max_new_tokens = obj.default_max_new_tokens
+        if self.allow_auto_truncate or not caller_set_max:
             params.max_new_tokens = self._room_for_output(
                 len(input_ids), params.max_new_tokens, warn=self.allow_auto_truncate
             )

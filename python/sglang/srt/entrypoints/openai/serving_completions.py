@@ -68,7 +68,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
         prompts = split_prompts(request.prompt)
         self._check_token_ids(prompts)
         max_new_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
-        params = self._choice_params(request, max_new_tokens)
+        params = self._choice_params(request, max_new_tokens)  # checked with the default
+        if request.max_tokens is None:  # the default: cut to the room, never refused
+            del params["max_new_tokens"]
         request_id = new_request_id("cmpl")
         choices = plan_choices(request_id, request.rid, params, len(prompts), request.n)
         objs = [self._generate_input(request, prompts[i], p, rid) for i, p, rid in choices]
@@ -110,6 +112,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
             sampling_params=params,
             rid=rid,
             stream=True,
+            default_max_new_tokens=DEFAULT_MAX_TOKENS,
             return_logprob=want_logprobs,
             top_logprobs_num=request.logprobs or 0,
             logprob_start_len=0 if (want_logprobs and request.echo) else -1,
