@@ -110,6 +110,8 @@ class FakeTokenizerManager:
     async def _decode(self, obj, input_ids, params):
         default = obj.default_max_new_tokens if obj.default_max_new_tokens is not None else 128
         max_new = params.get("max_new_tokens", default)
+        if max_new is None:  # up to the context, as the real one
+            max_new = self.context_len - len(input_ids)
         stops = params.get("stop") or []
         stops = [stops] if isinstance(stops, str) else stops
         start, text, ids = self._start(input_ids, params), "", []

@@ -819,6 +819,17 @@ def test_native_null_options_take_their_defaults(client):
     assert "input_token_logprobs" not in response.json()["meta_info"]
 
 
+def test_native_null_sampling_fields_are_unset(client, tm):
+    """A null temperature (top_p, ...) is unset: the model's generation_config default
+    applies, as on the OpenAI routes; a null max_new_tokens stays "up to the context"."""
+    body = {"text": "x", "sampling_params": {"temperature": None, "top_p": None, "top_k": None,
+                                             "min_p": None, "repetition_penalty": None,
+                                             "max_new_tokens": None, "n": None}}  # fmt: skip
+    response = client.post("/generate", json=body)
+    assert response.status_code == 200, response.text
+    assert tm.requests[0].sampling_params == {"max_new_tokens": None}
+
+
 def test_native_top_logprobs_num_capped(client):
     body = {"text": "x", "return_logprob": True, "top_logprobs_num": 101}
     assert_error(client.post("/generate", json=body), 400, "top_logprobs_num")

@@ -142,10 +142,11 @@ def test_repetition_penalty_covers_the_prompt_the_others_only_outputs():
 
 
 @pytest.mark.parametrize("penalty", [1e-38, 1e-45, 1e-300])  # denormal or 0 in float32
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.5, 1e-5])
 def test_a_tiny_repetition_penalty_keeps_a_distribution(penalty, temperature):
     """Any penalty > 0 is accepted: a tiny one strongly favours seen tokens, never turns
-    the row into inf/NaN (which sampled the vocabulary's last id with logprob -inf)."""
+    the row into inf/NaN (which sampled the vocabulary's last id with logprob -inf), also
+    once a temperature below 1 divides the boosted logits."""
     logits = torch.tensor([[3.0, -1.0, 2.0, float("-inf")] + [1.0] * (VOCAB - 4)])
     params = SamplingParams(temperature=temperature, repetition_penalty=penalty)
     info = _info([params], [[1, 2]], prompts=[[0, 3]])

@@ -87,6 +87,12 @@ def _sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     none_allowed = logits.gather(1, best_ids.unsqueeze(1)).squeeze(1) == float("-inf")
     if info.is_all_greedy:
         return best_ids.masked_fill_(none_allowed, NO_ALLOWED_TOKEN)
+    if info.repetition_penalties is not None:
+        # a tiny penalty boosts logits up to the float32 max (apply_penalties), which a
+        # temperature below 1 would overflow to inf (softmax of inf is NaN): shifted by
+        # the row's max first (softmax's own shift), every value is <= 0 and stays so.
+        # A row with every token banned (max -inf) gets NaN here and samples none anyway.
+        logits = logits - logits.max(dim=-1, keepdim=True).values
     probs = torch.softmax(logits / info.temperatures, dim=-1)  # [bs, vocab]
     weights, token_ids = _candidates(probs, info)
     if token_ids is not None and any(seed is not None for seed in info.seeds):

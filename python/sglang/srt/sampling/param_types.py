@@ -11,10 +11,13 @@ HTTP layer answers it with a 400 whose `param` is that field.
 
 from __future__ import annotations
 
+import functools
 import re
+import types
+import typing
 from typing import Annotated, Any, Union
 
-from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 # Caps, documented in docs/api.md ("Limits").
 MAX_N = 128  # samples per prompt (`n`), on every path
@@ -164,3 +167,43 @@ def _is_type_tag(part: object) -> bool:
         or part.startswith(("function-", "union", "constrained-"))  # constrained-str: a str with a rule
         or part[:1].isupper()  # a model member of a union (SamplingParamsSpec): fields are lower
     )
+
+
+class NullTakesTheDefault(BaseModel):
+    """OpenAI's reference marks `n`, `stream`, the penalties, `logprobs`, `echo`, ...
+    nullable and clients (LangChain, LiteLLM) send explicit nulls: as in vLLM, a null
+    means the field's default (SGLang's GenerateReqInput and SamplingParams declare
+    their fields Optional too). A required field's null is still refused, and a field
+    whose type holds None keeps it (`max_new_tokens: null` is "up to the context")."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_takes_the_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        defaulted = _fields_null_defaults(cls)
+        return {k: v for k, v in data.items() if v is not None or k not in defaulted}
+
+
+@functools.cache
+def _fields_null_defaults(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of `model` whose null means their default: optional, with a default
+    other than None, of a type that does not hold None."""
+    return frozenset(
+        name
+        for name, field in model.model_fields.items()
+        if not field.is_required()
+        and field.get_default(call_default_factory=True) is not None
+        and not _holds_none(field.annotation)
+    )
+
+
+def _holds_none(annotation: Any) -> bool:
+    if annotation is None or annotation is type(None) or annotation is Any:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Union or origin is types.UnionType:
+        return any(_holds_none(arg) for arg in typing.get_args(annotation))
+    if origin is Annotated:
+        return _holds_none(typing.get_args(annotation)[0])
+    return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic import ConfigDict, PrivateAttr, ValidationError
 
 from sglang.srt.sampling.param_types import (
     Flag,
@@ -14,6 +14,7 @@ from sglang.srt.sampling.param_types import (
     LogitBias,
     MinP,
     NonNegInt,
+    NullTakesTheDefault,
     NumSamples,
     Penalty,
     RepetitionPenalty,
@@ -40,7 +41,7 @@ _CONSTRAINT_FIELDS = (
 )  # top_k = -1 means "all tokens"
 
 
-class SamplingParamsSpec(BaseModel):
+class SamplingParamsSpec(NullTakesTheDefault):
     """The native `sampling_params` dict: types, ranges, no unknown keys."""
 
     model_config = ConfigDict(extra="forbid")

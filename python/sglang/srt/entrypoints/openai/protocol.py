@@ -7,7 +7,6 @@ that the serving layer can answer them with a clear error instead of ignoring th
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any, Literal, Union
 
@@ -28,6 +27,7 @@ from sglang.srt.sampling.param_types import (
     LogitBias,
     MinP,
     NonNegInt,
+    NullTakesTheDefault,
     NumSamples,
     Penalty,
     RepetitionPenalty,
@@ -85,21 +85,6 @@ _UNSUPPORTED_SGLANG_FIELDS = {
     "custom_logit_processor": "custom logit processors are not supported by this server",
     "session_params": "sessions are not supported by this server",
 }
-
-
-class NullTakesTheDefault(BaseModel):
-    """OpenAI's reference marks `n`, `stream`, the penalties, `logprobs`, `echo`, ...
-    nullable and clients (LangChain, LiteLLM) send explicit nulls: as in vLLM, a null
-    means the field's default (SGLang's GenerateReqInput declares its fields Optional
-    too). A required field's null is still refused."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_takes_the_default(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        defaulted = _fields_with_a_default(cls)
-        return {k: v for k, v in data.items() if v is not None or k not in defaulted}
 
 
 class UnsupportedSGLangFields(BaseModel):
@@ -161,16 +146,6 @@ class SamplingFields(NullTakesTheDefault, UnsupportedSGLangFields):
         if value is not None and not info.data.get("stream"):  # OpenAI and vLLM refuse it
             raise ValueError("stream_options is only allowed when stream is true")
         return value
-
-
-@functools.cache
-def _fields_with_a_default(model: type[BaseModel]) -> frozenset[str]:
-    """The fields of `model` that are optional with a default other than None."""
-    return frozenset(
-        name
-        for name, field in model.model_fields.items()
-        if not field.is_required() and field.get_default(call_default_factory=True) is not None
-    )
 
 
 # --- logprobs ------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pydantic import ConfigDict
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected
-from sglang.srt.entrypoints.openai.protocol import NullTakesTheDefault, UnsupportedSGLangFields
+from sglang.srt.entrypoints.openai.protocol import UnsupportedSGLangFields
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_STATUS,
     mark_samples,
@@ -41,6 +41,7 @@ from sglang.srt.sampling.param_types import (
     LogprobStartLen,
     LogprobTokenIds,
     NonNegInt,
+    NullTakesTheDefault,
     RequestId,
     TopLogprobsNum,
     strict,
