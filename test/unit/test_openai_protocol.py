@@ -40,6 +40,9 @@ def chat(**fields) -> ChatCompletionRequest:
         {"max_tokens": 4.0},
         {"presence_penalty": 2.5},
         {"logit_bias": {"5": 101}},
+        {"logit_bias": {"366": 100, "0366": 100}},  # one token twice: +200 past the cap
+        {"logit_bias": {"-0": 5}},
+        {"logit_bias": {"+5": 5}},
         {"top_logprobs": 21},
         {"stop": ["", "x"]},
     ],

@@ -49,13 +49,19 @@ def _check_stop(value: Union[str, list[str], None]) -> Union[str, list[str], Non
     return value
 
 
-_TOKEN_ID_KEY = re.compile(r"-?[0-9]+")
+# One spelling per id (ASCII digits, no leading zero, no "-0"): "366" and "0366" were
+# two keys of one token, their biases summed past the +-100 cap. Negative ids pass here
+# to be refused by the vocabulary check, which names the range.
+_TOKEN_ID_KEY = re.compile(r"0|-?[1-9][0-9]*")
 
 
 def _check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
     for key in value or {}:
         if not _TOKEN_ID_KEY.fullmatch(key):  # ASCII digits: str.isdigit admits "²", "５"
-            raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            raise ValueError(
+                f"logit_bias keys must be token ids written as integers (no leading zero, "
+                f"no sign on 0), got {key!r}"
+            )
     return value
 
 
