@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jinja2
+import jinja2.meta
 
 from sglang.srt.parser.detection import detect_parsers
 from sglang.srt.parser.function_call.text_utils import has_lone_surrogate
@@ -33,14 +34,21 @@ logger = logging.getLogger(__name__)
 
 DETECT_SOURCE = "chat_template_detect"
 PARSER_FIELDS = ("tool_call_parser", "reasoning_parser")
+# where tokenizer.save_pretrained() writes the templates: the default one, and the others
+# (a dict of templates) as NAME.jinja in the folder
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+SHIPPED_HINT = "; chat requests will fail: start with --chat-template FILE to serve chat"
 
 
-# apply_chat_template's own arguments and the names it renders with: chat_template_kwargs
-# may not set them (the request's own fields do).
+# apply_chat_template's own arguments (and render_jinja_template's, which it calls) and the
+# names it renders with: chat_template_kwargs may not set them (the request's own fields
+# do). `documents` is the exception: no request field sets it, and a RAG template reads it.
 RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "chat_template", "tokenize", "add_generation_prompt",
-    "continue_final_message", "padding", "truncation", "max_length", "return_tensors",
-    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "conversation", "conversations", "messages", "tools", "chat_template", "tokenize",
+    "add_generation_prompt", "continue_final_message", "sanitize_control_tokens", "padding",
+    "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
 })  # fmt: skip
 
 
@@ -55,15 +63,48 @@ class ChatTemplateError(ValueError):
 
 
 def load_chat_template(value: str | None) -> str | None:
-    """`value` is a Jinja file path or an inline template; None keeps the tokenizer's."""
+    """`value` (--chat-template) is a Jinja file path or an inline template; None keeps
+    the tokenizer's. Checked as `check_chat_template` does: a ValueError names the flag."""
     if value is None:
         return None
     path = Path(value)
     if path.is_file():
-        return path.read_text(encoding="utf-8")
+        source = f"--chat-template {value!r}"
+        return check_chat_template(path.read_text(encoding="utf-8"), source)
     if "{%" in value or "{{" in value:
-        return value
-    raise FileNotFoundError(f"chat template file not found: {value}")
+        return check_chat_template(value, "--chat-template (inline Jinja)")
+    raise FileNotFoundError(f"--chat-template {value!r}: no such file, and not inline Jinja")
+
+
+def check_chat_template(template: str, source: str, hint: str = "") -> str:
+    """`template`, refused (a ValueError naming `source`, then `hint`) where it cannot serve
+    chat: it does not compile in the renderer's Jinja environment, or it never reads
+    `messages` (every prompt would be the same text, the conversation dropped)."""
+    try:
+        variables = template_variables(template)
+    except jinja2.TemplateError as exc:
+        where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        raise ValueError(
+            f"{source}: the chat template does not compile: {exc}{where}{hint}"
+        ) from None
+    if "messages" not in variables:
+        raise ValueError(
+            f"{source}: not a chat template: it never reads `messages`, so every prompt would "
+            f"be the same text (a chat template is Jinja that renders `messages`){hint}"
+        )
+    return template
+
+
+def template_variables(template: str) -> frozenset[str]:
+    """The names `template` reads from its context; raises jinja2.TemplateError where it
+    does not compile."""
+    # transformers' own compiler: its sandbox, extensions ({% generation %}, loop controls)
+    # and filters are what apply_chat_template renders with. Imported here, as elsewhere in
+    # this server: transformers is slow to import.
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    environment = _compile_jinja_template(template).environment
+    return frozenset(jinja2.meta.find_undeclared_variables(environment.parse(template)))
 
 
 def message_text(content: Any) -> str:
@@ -210,9 +251,10 @@ def _reads_content(node: Any) -> bool:
 
 
 def model_chat_templates(server_args: ServerArgs) -> dict[str, str]:
-    """The templates the chat route will render with, by name: `--chat-template` (as
-    "default"), else the tokenizer's ("default", and "tool_use" for requests with tools
-    where the model names one, as Hermes-2-Pro does)."""
+    """The templates the chat route will render with, by name, each checked as
+    `check_chat_template` does: `--chat-template` (as "default"), else the tokenizer's
+    ("default", and "tool_use" for requests with tools where the model names one, as
+    Hermes-2-Pro does)."""
     from sglang.srt.server_args import resolution_result
 
     override = load_chat_template(resolution_result(server_args, "chat_template"))
@@ -227,6 +269,7 @@ def model_chat_templates(server_args: ServerArgs) -> dict[str, str]:
         return _local_chat_template(Path(path))
     from transformers import AutoTokenizer
 
+    field = "tokenizer_path" if server_args.tokenizer_path else "model_path"  # as typed
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             path,
@@ -234,20 +277,51 @@ def model_chat_templates(server_args: ServerArgs) -> dict[str, str]:
             revision=resolution_result(server_args, "revision"),
         )
     except OSError as exc:  # a hub id that cannot be fetched (offline, a typo)
-        field = "tokenizer_path" if server_args.tokenizer_path else "model_path"  # as typed
         raise ValueError(f"{field}={path!r}: cannot load its tokenizer: {exc}") from None
-    return _named_templates(getattr(tokenizer, "chat_template", None))
+    templates = _named_templates(getattr(tokenizer, "chat_template", None))
+    source = f"{field}={path!r}: its tokenizer's chat template"
+    return _usable({name: _shipped(text, f"{source} {name!r}") for name, text in templates.items()})
 
 
 def _local_chat_template(directory: Path) -> dict[str, str]:
-    """As transformers loads it: chat_template.jinja wins over tokenizer_config.json."""
-    jinja = directory / "chat_template.jinja"
-    if jinja.is_file():
-        return {"default": jinja.read_text(encoding="utf-8")}
+    """As transformers loads them: the template files (chat_template.jinja as "default",
+    additional_chat_templates/NAME.jinja by name) replace tokenizer_config.json's."""
+    files = _template_files(directory)
+    if files:
+        return _usable({name: _shipped(path.read_text(encoding="utf-8"), str(path))
+                        for name, path in files.items()})  # fmt: skip
     config = directory / "tokenizer_config.json"
     if not config.is_file():
         return {}
-    return _named_templates(json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
+    value = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+    return _usable({name: _shipped(text, f"{config} (chat template {name!r})")
+                    for name, text in _named_templates(value).items()})  # fmt: skip
+
+
+def _template_files(directory: Path) -> dict[str, Path]:
+    """The template files of a directory, by name, as tokenizer.save_pretrained() writes
+    a dict of templates (an additional `default.jinja` replaces chat_template.jinja, as
+    transformers reads them)."""
+    files = {"default": directory / CHAT_TEMPLATE_FILE}
+    for path in sorted((directory / CHAT_TEMPLATE_DIR).glob("*.jinja")):
+        files[path.name.removesuffix(".jinja")] = path
+    return {name: path for name, path in files.items() if path.is_file()}
+
+
+def _shipped(template: str, source: str) -> str | None:
+    """The model's own template, checked: a bad one is logged at start-up (every chat
+    request with it will be a 400) and left out of parser detection, not refused: the
+    model still serves completions and the Engine, as with transformers, which renders
+    without checking."""
+    try:
+        return check_chat_template(template, source, SHIPPED_HINT)
+    except ValueError as exc:
+        logger.warning("%s", exc)
+        return None
+
+
+def _usable(templates: dict[str, str | None]) -> dict[str, str]:
+    return {name: text for name, text in templates.items() if text is not None}
 
 
 def _named_templates(value: Any) -> dict[str, str]:
@@ -271,13 +345,19 @@ def _detect_from(templates: dict[str, str]) -> dict[str, str | None]:
 
 def resolve_auto_parsers(server_args: ServerArgs) -> ServerArgs:
     """The config to launch with: `server_args` (resolved), or a variant declaring the
-    parsers detected from the chat template for the flags the operator left unset."""
+    parsers detected from the chat template for the flags the operator left unset.
+    Raises ValueError for a chat template that cannot serve chat (check_chat_template)."""
     from sglang.srt.server_args import resolution_result
 
+    if resolution_result(server_args, "is_embedding"):
+        return server_args  # an embedding server serves no chat
+    # read (and checked) even where no parser flag is left unset: a template that cannot
+    # serve chat is refused here, before the schedulers load the model
+    templates = model_chat_templates(server_args)
     unset = [name for name in PARSER_FIELDS if resolution_result(server_args, name) is None]
     if not unset:
         return server_args
-    detected = _detect_from(model_chat_templates(server_args))
+    detected = _detect_from(templates)
     found = {name: detected[name] for name in unset if detected[name] is not None}
     if not found:
         return server_args
