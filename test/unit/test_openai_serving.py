@@ -963,6 +963,22 @@ def test_completions_without_a_tokenizer_return_the_token_ids(tm, client):
         assert streamed == choice["token_ids"]
 
 
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_every_chunk_of_a_stream_has_the_same_created(client, route, monkeypatch):
+    import itertools
+    import types
+
+    from sglang.srt.entrypoints.openai import stream_chunks
+
+    ticks = itertools.count(1_700_000_000)  # a clock that moves at every read
+    monkeypatch.setattr(stream_chunks, "time", types.SimpleNamespace(time=lambda: next(ticks)))
+    body = {"model": MODEL, "max_tokens": 6, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    body.update({"prompt": "ab"} if "chat" not in route else chat_body())
+    events = sse_events(client.post(route, json=body))
+    assert len(events) > 3 and len({e["created"] for e in events}) == 1
+
+
 def test_a_stream_that_fails_while_shaping_chunks_ends_with_an_error_event():
     """A bug past the first chunk (a parser raising, say) must not cut the connection:
     the client gets an error event and [DONE], and the choices are closed."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator
@@ -173,6 +174,8 @@ class Prepared:
     objs: list[GenerateReqInput]
     n: int  # samples per prompt; choice k is sample k % n of prompt k // n
     echo_texts: list[str] = field(default_factory=list)  # per prompt, when echoing
+    # every chunk of a stream carries the same timestamp (OpenAI's reference)
+    created: int = field(default_factory=lambda: int(time.time()))
 
 
 class OpenAIServingBase(ABC):
@@ -233,6 +236,7 @@ class OpenAIServingBase(ABC):
         choices = [self._choice(request, prepared, i, out) for i, out in enumerate(outputs)]
         return self.response_cls(
             id=prepared.request_id,
+            created=prepared.created,
             model=request.model,
             choices=choices,
             usage=usage_of([out["meta_info"] for out in outputs], prepared.n),
@@ -247,11 +251,11 @@ class OpenAIServingBase(ABC):
             usage.note(event.index, event.output["meta_info"])
             state = states[event.index]
             for chunk in self._delta_chunks(request, prepared, event.index, state, event.output):
+                chunk["created"] = prepared.created
                 yield usage.stamp(chunk)
         if usage.final:
-            yield self.chunk_cls(
-                id=prepared.request_id, model=request.model, choices=[], usage=usage.usage()
-            )
+            yield self.chunk_cls(id=prepared.request_id, created=prepared.created,
+                                 model=request.model, choices=[], usage=usage.usage())  # fmt: skip
 
     # The route's response and stream-chunk models, and how one choice fills them.
     response_cls: type[BaseModel]
