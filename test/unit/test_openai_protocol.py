@@ -200,6 +200,26 @@ def test_fanout_finished_choices_not_aborted():
     assert [len(o["output_ids"]) for o in outputs] == [3, 3] and not tm.aborted
 
 
+def test_a_reader_that_falls_behind_gets_the_latest_output_not_every_step():
+    """Outputs are cumulative: a consumer that reads nothing while 200 steps run (a
+    stalled HTTP client) holds one queued output per choice, not one per step (memory
+    grew with the square of the output), and reads the same final text."""
+    tm = FakeTokenizerManager()
+
+    async def run() -> tuple[int, list, list]:
+        async with ChoiceFanout(tm, _objs(2)) as fanout:
+            while len(tm.requests) < 2 or tm.running:  # every step pumped, none read
+                await asyncio.sleep(0.001)
+            queued = fanout._queue.qsize()
+            events = [event async for event in fanout.events()]
+            return queued, events, [e.output for e in events if e.finished]
+
+    queued, events, finals = asyncio.run(run())
+    assert queued == 2 and len(events) == 2
+    assert [len(o["output_ids"]) for o in finals] == [200, 200]
+    assert all(len(o["text"]) == 200 for o in finals)
+
+
 class _StayingRequest:
     """An ASGI request whose client stays until the answer is done."""
 

@@ -117,6 +117,10 @@ class ChoiceFanout:
         self._metrics = metrics
         self._request = request
         self._queue: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
+        # per choice, its output event still in the queue: a newer output replaces that
+        # event's (outputs are cumulative), so a client that does not read holds one
+        # output per choice, not one per step (O(tokens^2) memory: +1 GB at 4k tokens)
+        self._unread: dict[int, ChoiceEvent] = {}
         self._buffer: list[ChoiceEvent] = []
         self._finished: set[int] = set()
         self._tasks: list[asyncio.Task] = []
@@ -144,7 +148,7 @@ class ChoiceFanout:
         """
         started: set[int] = set()
         while len(started) < self.num_choices:
-            event = await self._queue.get()
+            event = await self._next_event()
             self._buffer.append(event)
             self._raise_if_failed(event)
             started.add(event.index)
@@ -156,7 +160,7 @@ class ChoiceFanout:
             self._note(event)
             yield event
         while len(self._finished) < self.num_choices:
-            event = await self._queue.get()
+            event = await self._next_event()
             self._raise_if_failed(event)
             self._note(event)
             yield event
@@ -183,6 +187,22 @@ class ChoiceFanout:
         # reference cycle per request (~60 objects) that only a full collection frees.
         self._tasks = []
 
+    async def _next_event(self) -> ChoiceEvent:
+        event = await self._queue.get()
+        if self._unread.get(event.index) is event:
+            del self._unread[event.index]
+        return event
+
+    def _put_output(self, index: int, output: dict[str, Any]) -> ChoiceEvent:
+        """Queue `output`, or give it to this choice's event still in the queue."""
+        unread = self._unread.get(index)
+        if unread is not None:
+            unread.output = output
+            return unread
+        event = self._unread[index] = ChoiceEvent(index, output=output)
+        self._queue.put_nowait(event)
+        return event
+
     def _note(self, event: ChoiceEvent) -> None:
         if event.finished:
             self._finished.add(event.index)
@@ -203,9 +223,7 @@ class ChoiceFanout:
             async for output in self._tm.generate_request(obj):
                 if tracker is not None:
                     tracker.on_output(output)
-                event = ChoiceEvent(index, output=output)
-                finished = event.finished
-                self._queue.put_nowait(event)
+                finished = self._put_output(index, output).finished
             if not finished:
                 raise RuntimeError("generation ended without a finish reason")
         except asyncio.CancelledError:
