@@ -58,6 +58,8 @@ def test_explicit_nulls_take_the_defaults():
     req = chat(**nulls, logprobs=None, parallel_tool_calls=None, top_k=None)
     assert (req.n, req.stream, req.presence_penalty, req.frequency_penalty) == (1, False, 0, 0)
     assert (req.logprobs, req.parallel_tool_calls, req.top_k) == (False, True, -1)
+    options = {"include_usage": None, "continuous_usage_stats": None}
+    assert not chat(stream=True, stream_options=options).stream_options.include_usage
     comp = CompletionRequest(model="m", prompt="x", echo=None, **nulls)
     assert (comp.echo, comp.n, comp.stream) == (False, 1, False)
     with pytest.raises(ValidationError):  # a required field's null is still refused

@@ -92,7 +92,7 @@ class ScriptedTokenizerManager(FakeTokenizerManager):
         max_new = params.get("max_new_tokens", 128)
         text, ids = "", []
         for char in self.script[:max_new]:
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.step_delay_s)
             text += char
             ids.append(ord(char) % 256)
             if len(ids) < min(len(self.script), max_new):
@@ -512,7 +512,9 @@ def test_reasoning_split_non_stream_and_stream(serve):
 
 
 def test_reasoning_streams_before_the_end_tag(serve):
-    client = serve(make_tm("<think>" + "a" * 40 + "</think>done", reasoning_parser="qwen3"))
+    tm = make_tm("<think>" + "a" * 40 + "</think>done", reasoning_parser="qwen3")
+    tm.step_delay_s = 0.002  # a step at a time: a reader that keeps up gets each output
+    client = serve(tm)
     events = stream_events(client)
     pieces = [d["reasoning_content"] for d in deltas(events) if d.get("reasoning_content")]
     assert len(pieces) > 1  # sent as it came, not in one piece at the end

@@ -55,7 +55,7 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(NullTakesTheDefault):
     include_usage: Flag = False
     continuous_usage_stats: Flag = False
 
@@ -245,7 +245,7 @@ class FunctionDefinition(BaseModel):
     parameters: dict[str, Any] | None = None
 
 
-class Tool(BaseModel):
+class Tool(NullTakesTheDefault):
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
@@ -254,7 +254,7 @@ class FunctionName(BaseModel):
     name: strict(str, min_length=1)
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(NullTakesTheDefault):
     type: Literal["function"] = "function"
     function: FunctionName
 
@@ -300,7 +300,7 @@ class HistoryFunctionCall(BaseModel):
     arguments: Union[strict(str), dict[str, Any]]
 
 
-class HistoryToolCall(BaseModel):
+class HistoryToolCall(NullTakesTheDefault):
     """An assistant message's earlier call, as the client sends it back."""
 
     model_config = ConfigDict(extra="allow")
@@ -422,7 +422,7 @@ EmbeddingInput = Union[
 ]
 
 
-class EmbeddingRequest(UnsupportedSGLangFields):
+class EmbeddingRequest(NullTakesTheDefault, UnsupportedSGLangFields):
     model_config = ConfigDict(extra="ignore")
     model: strict(str)
     input: EmbeddingInput
@@ -452,7 +452,7 @@ class EmbeddingResponse(BaseModel):
 
 # --- /v1/tokenize, /v1/detokenize (SGLang's, and vLLM's, helper routes) --------------------
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(NullTakesTheDefault):
     model_config = ConfigDict(extra="ignore")
     model: strict(str) = "default"
     prompt: strict(str) | list[strict(str)] = Field(union_mode="left_to_right")
@@ -465,7 +465,7 @@ class TokenizeResponse(BaseModel):
     max_model_len: int  # the served context length
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(NullTakesTheDefault):
     model_config = ConfigDict(extra="ignore")
     model: strict(str) = "default"
     tokens: list[NonNegInt] | list[list[NonNegInt]] = Field(union_mode="left_to_right")
