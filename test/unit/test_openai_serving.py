@@ -9,7 +9,7 @@ import warnings
 import openai
 import pytest
 from fastapi.testclient import TestClient
-from openai_fake_tm import OUTPUT_ALPHABET, FakeTokenizerManager
+from openai_fake_tm import OUTPUT_ALPHABET, FakeTokenizer, FakeTokenizerManager
 
 from sglang.srt.entrypoints.http_server import ServerStatus, create_app
 from sglang.srt.environ import envs
@@ -205,6 +205,34 @@ def test_completions_echo_logprobs_with_output(client):
     assert choice["text"].startswith("abc") and len(choice["text"]) == 5
     assert len(choice["logprobs"]["tokens"]) == 5
     assert choice["logprobs"]["text_offset"] == [0, 1, 2, 3, 4]
+
+
+class BosTokenizer(FakeTokenizer):
+    """Puts a BOS (id 1) before a text's tokens, as Llama 3's tokenizer does."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [1] * add_special_tokens + super().encode(text)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_offsets_of_a_text_prompt_leave_out_the_bos_it_was_given(stream):
+    """A text prompt is echoed as sent, without the BOS the tokenizer added: the BOS
+    takes no room (offsets ran its text's length ahead, then went back for the output)."""
+    tm = FakeTokenizerManager(tokenizer=BosTokenizer())
+    body = {"model": MODEL, "prompt": "abc", "echo": True, "logprobs": 0, "max_tokens": 2,
+            "temperature": 0, "stream": stream}  # fmt: skip
+    with make_client(tm) as bos_client:
+        response = bos_client.post("/v1/completions", json=body)
+        if stream:
+            events = sse_events(response)
+            offsets = [o for e in events if e["choices"][0]["logprobs"]
+                       for o in e["choices"][0]["logprobs"]["text_offset"]]  # fmt: skip
+        else:
+            offsets = response.json()["choices"][0]["logprobs"]["text_offset"]
+        ids = bos_client.post("/v1/completions", json={**body, "prompt": [1, 97, 98, 99]})
+    assert offsets == [0, 0, 1, 2, 3, 4]  # BOS, a, b, c, then the two output tokens
+    if not stream:  # token ids are echoed decoded, the BOS's text included
+        assert ids.json()["choices"][0]["logprobs"]["text_offset"] == [0, 1, 2, 3, 4, 5]
 
 
 def test_completions_stream_with_echo(client):

@@ -109,18 +109,28 @@ class TextOffsets:
     until the token that completes it adds the whole character, as the text grows."""
 
     def __init__(
-        self, start: int = 0, skipped: Container[int] = (), first_space_dropped: bool = False
+        self,
+        start: int = 0,
+        skipped: Container[int] = (),
+        first_space_dropped: bool = False,
+        num_silent_first: int = 0,
     ) -> None:
         """`skipped`: token ids the text leaves out (special tokens under
         skip_special_tokens); `first_space_dropped`: the decode drops the first token's
-        leading space (a SentencePiece tokenizer that strips the `▁` it starts with)."""
+        leading space (a SentencePiece tokenizer that strips the `▁` it starts with);
+        `num_silent_first`: the first tokens have no text (the BOS a tokenizer adds to
+        a text prompt that is echoed as the client sent it)."""
         self.offset = start
         self.skipped = skipped
         self._drop_space = first_space_dropped
+        self._num_silent = num_silent_first
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     def take(self, entry: Entry, tokenizer: Any) -> int:
         """`entry`'s offset; the next one moves past the characters it completes."""
+        if self._num_silent > 0:
+            self._num_silent -= 1
+            return self.offset
         if tokenizer is None or entry[1] in self.skipped:  # no text of its own
             return self.offset
         pending = self._decoder.getstate()[0]  # an earlier token's unfinished character

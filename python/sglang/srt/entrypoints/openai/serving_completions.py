@@ -131,7 +131,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         finish_reason, matched = finish_reason_of(meta)
         logprobs = None
         if request.logprobs is not None:
-            logprobs = self._prompt_logprobs(request, meta)
+            logprobs = self._prompt_logprobs(request, prepared.objs[index], meta)
             tokens, tops = output_slices(meta, 0)
             offsets = self._text_offsets(request, len(echo))
             merge_completion_logprobs(logprobs, self._logprobs(request, tokens, tops, offsets))
@@ -156,16 +156,20 @@ class OpenAIServingCompletion(OpenAIServingBase):
         )
 
     def _text_offsets(
-        self, request: CompletionRequest, start: int, is_output: bool = True
+        self,
+        request: CompletionRequest,
+        start: int,
+        is_output: bool = True,
+        num_silent_first: int = 0,
     ) -> TextOffsets:
         """text_offset from `start`: a SentencePiece decode's dropped first space takes no
         room, and in the output neither do the special tokens its text skips (the echoed
-        prompt keeps their text)."""
+        prompt keeps their text), nor the first `num_silent_first` tokens."""
         if self.tokenizer is None:
             return TextOffsets(start)
         silent, drops_space = self._decode_traits
         skipped = silent if is_output and request.skip_special_tokens else ()
-        return TextOffsets(start, skipped, drops_space)
+        return TextOffsets(start, skipped, drops_space, num_silent_first)
 
     @functools.cached_property
     def _decode_traits(self) -> tuple[frozenset[int], bool]:
@@ -174,13 +178,25 @@ class OpenAIServingCompletion(OpenAIServingBase):
         return silent_token_ids(self.tokenizer), drops_first_space(self.tokenizer)
 
     def _prompt_logprobs(
-        self, request: CompletionRequest, meta: dict[str, Any]
+        self, request: CompletionRequest, obj: GenerateReqInput, meta: dict[str, Any]
     ) -> CompletionLogProbs:
+        """The echoed prompt's logprobs. A text prompt is echoed as sent: the special
+        tokens its tokenizer adds in front (a BOS) have no text in it; a token-id
+        prompt is echoed decoded, theirs included."""
         if not request.echo:
             return CompletionLogProbs()
         tokens = meta.get("input_token_logprobs") or []
-        offsets = self._text_offsets(request, 0, is_output=False)
+        silent = self._num_added_in_front if obj.text is not None else 0
+        offsets = self._text_offsets(request, 0, is_output=False, num_silent_first=silent)
         return self._logprobs(request, tokens, meta.get("input_top_logprobs"), offsets)
+
+    @functools.cached_property
+    def _num_added_in_front(self) -> int:
+        """How many special tokens the tokenizer puts before a text's own (its BOS)."""
+        bare = self.tokenizer.encode("a", add_special_tokens=False)
+        full = self.tokenizer.encode("a")
+        starts = [k for k in range(len(full) - len(bare) + 1) if full[k : k + len(bare)] == bare]
+        return starts[0] if starts else 0
 
     def _delta_chunks(
         self,
@@ -192,7 +208,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
     ) -> Iterator[dict[str, Any]]:
         meta = output["meta_info"]
         echo = "" if state.started else self._echo(prepared, index)
-        logprobs = self._stream_logprobs(request, meta, state, len(echo))
+        logprobs = self._stream_logprobs(request, prepared.objs[index], meta, state, len(echo))
         text = echo + state.take_text(output["text"])
         new_ids = state.take_ids(output["output_ids"]) if self.tokenizer is None else None
         first, state.started = not state.started, True
@@ -203,7 +219,12 @@ class OpenAIServingCompletion(OpenAIServingBase):
                                finish_reason, matched, new_ids)  # fmt: skip
 
     def _stream_logprobs(
-        self, request: CompletionRequest, meta: dict[str, Any], state: ChoiceStream, echo_len: int
+        self,
+        request: CompletionRequest,
+        obj: GenerateReqInput,
+        meta: dict[str, Any],
+        state: ChoiceStream,
+        echo_len: int,
     ) -> CompletionLogProbs | None:
         """This chunk's logprobs; text_offset counts from the start of the choice's text
         (the echoed prompt, then every token sent before), as without streaming."""
@@ -212,7 +233,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if state.started:
             logprobs = CompletionLogProbs()
         else:
-            logprobs = self._prompt_logprobs(request, meta)
+            logprobs = self._prompt_logprobs(request, obj, meta)
             state.logprob_offsets = self._text_offsets(request, echo_len)
         tokens, tops = output_slices(meta, state.take_logprob_start(meta))
         merge_completion_logprobs(
