@@ -84,12 +84,20 @@ CASES = [
         [("get_weather", {"city": "Paris", "unit": "celsius"})],
     ),
     (
+        "hermes-text-around-calls",
+        "qwen25",
+        'Sure.\n<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n'
+        "</tool_call>\n  \nDone.\n",
+        "Sure.\n\n  \nDone.",  # spacing after a call goes out with the text that follows
+        [("get_time", {"timezone": "UTC"})],
+    ),
+    (
         "hermes-two",
         "qwen3",
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Europe/Paris"}}\n'
         "</tool_call>",
-        "\n",
+        "",  # the newline between calls is not content (as vLLM's and SGLang's parsers)
         [("get_weather", {"city": "Paris"}), ("get_time", {"timezone": "Europe/Paris"})],
     ),
     (
@@ -145,7 +153,7 @@ CASES = [
         '<tool_call>\n{"arguments": {"timezone": "UTC"}, "name": "get_time"}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}\n'
         "</tool_call>",
-        "\n",
+        "",
         [("get_time", {"timezone": "UTC"}), ("get_weather", {"city": "Paris"})],
     ),
     (

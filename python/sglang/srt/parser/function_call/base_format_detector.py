@@ -24,11 +24,42 @@ from sglang.srt.parser.function_call.text_utils import tool_names
 logger = logging.getLogger(__name__)
 
 
+class SpacingAfterCalls:
+    """Once a call was made, holds the whitespace that ends the text so far: the newline
+    a model writes between or after its calls (Qwen's `</tool_call>\n<tool_call>`) is not
+    content, as in vLLM's and SGLang's parsers, where content is the text before the
+    first call. Spacing that more text follows goes out with that text; the same
+    whatever the chunking, a whole-text parse included."""
+
+    def __init__(self) -> None:
+        self._made_call = False
+        self._held = ""
+
+    def filter(self, events: list[ScanEvent]) -> list[ScanEvent]:
+        out: list[ScanEvent] = []
+        for event in events:
+            if isinstance(event, NameEvent):
+                self._made_call, self._held = True, ""
+            elif isinstance(event, TextEvent) and self._made_call:
+                text = self._held + event.text
+                said = text.rstrip()
+                self._held = text[len(said) :]
+                if not said:
+                    continue
+                event = TextEvent(said)
+            elif self._held:  # a failed call's text: the spacing before it is its own
+                out.append(TextEvent(self._held))
+                self._held = ""
+            out.append(event)
+        return out
+
+
 class BaseFormatDetector:
     format: RegionFormat  # set by each subclass
 
     def __init__(self) -> None:
         self._scanner: RegionScanner | None = None
+        self._spacing = SpacingAfterCalls()
 
     def has_tool_call(self, text: str) -> bool:
         return self.format.bot_token in text
@@ -36,7 +67,7 @@ class BaseFormatDetector:
     def detect_and_parse(self, text: str, tools: list[dict] | None) -> StreamingParseResult:
         """Whole output: normal text and complete calls (indices 0..n-1)."""
         scanner = RegionScanner(self.format, tool_names(tools))
-        return collect_whole(scanner.feed(text) + scanner.finish())
+        return collect_whole(SpacingAfterCalls().filter(scanner.feed(text) + scanner.finish()))
 
     def parse_streaming_increment(
         self, new_text: str, tools: list[dict] | None
@@ -44,13 +75,13 @@ class BaseFormatDetector:
         """The next piece of output; `tools` is read on the first call only."""
         if self._scanner is None:
             self._scanner = RegionScanner(self.format, tool_names(tools))
-        return collect_stream(self._scanner.feed(new_text))
+        return collect_stream(self._spacing.filter(self._scanner.feed(new_text)))
 
     def finish_streaming(self) -> StreamingParseResult:
         """What was held back at the end of the output (a partial marker, a truncated call)."""
         if self._scanner is None:
             return StreamingParseResult()
-        events = self._scanner.finish()
+        events = self._spacing.filter(self._scanner.finish())
         self._scanner = None
         return collect_stream(events)
 
