@@ -587,6 +587,24 @@ def test_a_continued_assistant_message_sets_where_reasoning_stands(
     assert joined(events, "content") == content
 
 
+# Qwen3's template renders a last assistant turn with its think block written and closed
+CLOSES_THINK = ("{% for m in messages %}{% if m.role == 'assistant' %}<think>\n\n</think>\n\n"
+                "{{ m.content }}{% else %}{{ m.content }}\n{% endif %}{% endfor %}")  # fmt: skip
+
+
+@pytest.mark.parametrize("prefill", ["", "  "])
+def test_an_empty_prefill_continues_where_the_template_left_the_turn(serve, prefill):
+    tm = make_tm("Hello.", reasoning_parser="qwen3")
+    tm.tokenizer.chat_template = CLOSES_THINK
+    client = serve(tm)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": prefill}]
+    body = {"messages": messages, "continue_final_message": True}
+    message = chat(client, **body).json()["choices"][0]["message"]
+    assert (message.get("reasoning_content"), message["content"]) == (None, "Hello.")
+    events = stream_events(client, **body)
+    assert (joined(events, "reasoning_content"), joined(events, "content")) == ("", "Hello.")
+
+
 @pytest.mark.parametrize(
     "prefill, script, reasoning, content",
     [("Sure,", " thing.", None, " thing."),

@@ -133,13 +133,15 @@ def plan_output(
     tool_call_parser: str | None,
     reasoning_parser: str | None,
     end_is_one_token: bool = False,
+    prompt: str = "",
 ) -> ChatOutputPlan:
     """The plan for `request` on an engine with these parsers in effect;
-    `end_is_one_token`: the reasoning end tag is one token of the model's tokenizer."""
+    `end_is_one_token`: the reasoning end tag is one token of the model's tokenizer;
+    `prompt`: the rendered prompt."""
     mode = tool_mode(request)
     reasoning = reasoning_parser if request.separate_reasoning else None
     force = _thinking(request, reasoning)
-    prefill_force = _continued_think_state(request, reasoning)
+    prefill_force = _continued_think_state(request, reasoning, prompt)
     if prefill_force is not None:  # the continued message already opened or closed it
         force = prefill_force
     constrained = mode == "constrained" or shaped_from_first_token(request)
@@ -214,19 +216,26 @@ def check_tools(request: ChatCompletionRequest) -> None:
         )
 
 
-def _continued_think_state(request: ChatCompletionRequest, reasoning: str | None) -> bool | None:
+def _continued_think_state(
+    request: ChatCompletionRequest, reasoning: str | None, prompt: str
+) -> bool | None:
     """With continue_final_message: whether the output continues inside the think block.
     The assistant's prefill opened it and did not close it: True; closed it, or is
-    answer text with no tag: False; None when there is no prefill (the parser's
-    default stands)."""
+    answer text with no tag: False. An empty prefill continues where the template left
+    the turn (`prompt` ends with it): after a think block it wrote and closed (Qwen3's
+    `<think>\n\n</think>\n\n` for a last assistant turn): False; inside one it opened:
+    True; else None (the parser's default stands)."""
     if reasoning is None or not request.continue_final_message:
         return None
     last = request.messages[-1]
     # a string or text parts (checked when the prompt rendered)
     text = message_text(last.model_dump()["content"]) if last.role == "assistant" else ""
-    if not text.strip():
-        return None
     fmt = reasoning_format(reasoning)
+    if not text.strip():
+        tail = prompt.rstrip()
+        if tail.endswith(fmt.end_tag):
+            return False
+        return True if tail.endswith(fmt.start_tag) else None
     opened, closed = text.rfind(fmt.start_tag), text.rfind(fmt.end_tag)
     return opened >= 0 and opened > closed
 

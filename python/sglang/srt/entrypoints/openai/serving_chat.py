@@ -75,7 +75,7 @@ class OpenAIServingChat(OpenAIServingBase):
         check_tools(request)
         if request.top_logprobs and not request.logprobs:  # as OpenAI and vLLM refuse it
             raise APIError("top_logprobs needs logprobs set to true", param="top_logprobs")
-        input_ids = self._prompt_ids(request)
+        prompt, input_ids = self._prompt(request)
         max_new_tokens = self._max_new_tokens(request, len(input_ids))
         params = self._choice_params(request, max_new_tokens)
         schema = call_schema(request)
@@ -86,7 +86,7 @@ class OpenAIServingChat(OpenAIServingBase):
             params = {**params, "structural_tag": json.dumps(tag)}
         request_id = new_request_id("chatcmpl")
         choices = plan_choices(request_id, request.rid, params, 1, request.n)
-        plan = self._output_plan(request)
+        plan = self._output_plan(request, prompt)
         objs = [self._generate_input(request, plan, input_ids, p, rid) for _, p, rid in choices]
         mark_samples(objs, request_id, request.rid)
         streams = [ChoiceOutputStream(plan) for _ in objs] if request.stream else []
@@ -98,7 +98,7 @@ class OpenAIServingChat(OpenAIServingBase):
         """The messages' characters: prepare renders and tokenizes them."""
         return sum(len(str(m.content or "")) for m in request.messages)
 
-    def _output_plan(self, request: ChatCompletionRequest) -> ChatOutputPlan:
+    def _output_plan(self, request: ChatCompletionRequest, prompt: str) -> ChatOutputPlan:
         """Read per request: the parsers in effect are this engine's, not the process's."""
         tm = self.tokenizer_manager
         reasoning_parser = tm.config_value("reasoning_parser")
@@ -107,9 +107,11 @@ class OpenAIServingChat(OpenAIServingBase):
             tm.config_value("tool_call_parser"),
             reasoning_parser,
             end_is_one_token=tm.reasoning_end_token_id(reasoning_parser) is not None,
+            prompt=prompt,
         )
 
-    def _prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
+    def _prompt(self, request: ChatCompletionRequest) -> tuple[str, list[int]]:
+        """The rendered prompt and its token ids."""
         if self.tokenizer is None:  # the template renders text, which only a tokenizer reads
             raise APIError(
                 "chat needs a tokenizer; this server runs without one (--skip-tokenizer-init): "
@@ -133,7 +135,7 @@ class OpenAIServingChat(OpenAIServingBase):
             text = self.tokenizer_manager.text_to_encode(text, "messages")
         except ValueError as exc:
             raise APIError(str(exc), param="messages", code="context_length_exceeded") from None
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return text, self.tokenizer.encode(text, add_special_tokens=False)
 
     def _max_new_tokens(self, request: ChatCompletionRequest, prompt_len: int) -> int:
         context_len = self.tokenizer_manager.context_len
