@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
+import gc
 import os
 import signal
 import threading
@@ -387,6 +389,38 @@ def test_abort_by_rid_and_stream_close_free_resources(engine):
     stream = engine.generate(PROMPT, greedy(200), stream=True)
     next(stream)
     stream.close()  # leaving a stream early aborts the request
+
+
+def test_a_stream_collected_on_the_engines_loop_thread_is_aborted_not_hung(engine):
+    """A half-read stream left in a reference cycle is finalized wherever a collection
+    runs, the Engine's own loop thread included: its close waited for that loop, which
+    then waited for itself, and every later call hung."""
+    stream = engine.generate(PROMPT, greedy(200), stream=True)
+    next(stream)
+    holder = [stream]
+    holder.append(holder)  # a cycle: only the collector frees it
+    del stream, holder
+
+    async def collect() -> int:
+        return gc.collect()
+
+    assert asyncio.run_coroutine_threadsafe(collect(), engine._loop).result(timeout=60) > 0
+    assert len(engine.generate(PROMPT, greedy(3))["output_ids"]) == 3
+
+
+def test_a_forked_child_that_exits_leaves_the_engine_serving(engine):
+    """os.fork() copies the Engine's objects, not its processes: at the child's exit,
+    multiprocessing SIGTERMed the parent's scheduler (it took the daemon children for
+    its own) and the Engine's exit hook shut the parent's engine down."""
+    pid = os.fork()
+    if pid == 0:  # the child: exit as a script does (exit hooks, then gone)
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(engine.generate(PROMPT, greedy(3))["output_ids"]) == 3
 
 
 def test_async_generate_and_sync_call_inside_event_loop(engine):

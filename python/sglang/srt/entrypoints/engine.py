@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import multiprocessing as mp
+import os
 import signal
 import sys
 import threading
@@ -787,7 +788,14 @@ class Engine:
                 except StopAsyncIteration:
                     return
         finally:
-            if not self._closed:
+            if self._closed:
+                pass
+            elif threading.current_thread() is self._thread:
+                # finalized on the loop's own thread (a collection ran there while this
+                # generator sat in a reference cycle): waiting for the loop would wait
+                # for itself, and every later call with it
+                self._loop.create_task(stream.close())
+            else:
                 self._run(stream.close())
 
     async def _stream_async(self, reqs: list[GenerateReqInput]) -> AsyncIterator[dict[str, Any]]:
@@ -1106,6 +1114,21 @@ def _plain_ids(value: Any) -> Any:
 
 # Engines still running at interpreter exit are shut down (no orphan children).
 _live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _disown_engines_in_fork_child() -> None:
+    """A process os.fork()ed from one running Engines inherits their objects, not their
+    processes, threads or loop: it must never stop them. At its exit multiprocessing's
+    hook SIGTERMed the daemon children it took for its own (the parent's scheduler
+    died), and ours shut the parent's engine down."""
+    for engine in list(_live_engines):
+        engine._closed = True  # its loop thread is not in this process
+        for proc in engine._children:
+            mp.process._children.discard(proc)  # multiprocessing's own list of children
+    _live_engines.clear()
+
+
+os.register_at_fork(after_in_child=_disown_engines_in_fork_child)
 
 
 @atexit.register
