@@ -283,3 +283,14 @@ def test_unset_sampling_fields_are_left_to_the_model_defaults():
 
     assert _model_sampling_defaults(Config, "model") == {"temperature": 0.6}
     assert _model_sampling_defaults(Config, "openai") == {}
+
+
+def test_running_out_of_file_descriptors_is_a_503_to_retry_not_an_internal_error():
+    """Past `ulimit -n` a connection flood fails a lazy import or a socket: the server
+    recovers as connections close, so the client is told to retry (it got a 500)."""
+    import errno
+
+    error = to_api_error(OSError(errno.EMFILE, "Too many open files"))
+    assert (error.status_code, error.code) == (503, "server_overloaded")
+    assert error.headers == {"Retry-After": "1"}
+    assert to_api_error(OSError(errno.EACCES, "denied")).status_code == 500

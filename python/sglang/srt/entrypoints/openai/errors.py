@@ -7,6 +7,7 @@ serving.
 
 from __future__ import annotations
 
+import errno
 import logging
 from http import HTTPStatus
 from typing import Any, TypeVar
@@ -133,7 +134,22 @@ async def _unavailable_handler(_: Request, exc: ServerUnavailableError) -> JSONR
     return APIError(exc.message, exc.status_code).response()
 
 
+def out_of_descriptors(exc: BaseException) -> APIError | None:
+    """A 503 to retry for a request that failed because the process ran out of file
+    descriptors (a connection flood past `ulimit -n`): the server recovers as connections
+    close, so it is no internal error; None for any other exception."""
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        logger.warning("a request failed for want of file descriptors: %s", exc)
+        return APIError("the server has too many open connections (out of file descriptors); "
+                        "retry later", 503, code="server_overloaded",
+                        headers={"Retry-After": "1"})  # fmt: skip
+    return None
+
+
 async def _unexpected_handler(_: Request, exc: Exception) -> JSONResponse:
+    busy = out_of_descriptors(exc)
+    if busy is not None:
+        return busy.response()
     logger.exception("unhandled error in request")
     return APIError(f"internal error: {exc}", 500, err_type="server_error").response()
 

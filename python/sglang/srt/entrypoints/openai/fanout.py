@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sglang.srt.entrypoints.openai.errors import APIError
+from sglang.srt.entrypoints.openai.errors import APIError, out_of_descriptors
 from sglang.srt.entrypoints.openai.sampling import openai_message
 from sglang.srt.managers.request_errors import (
     InvalidRequestError,
@@ -80,6 +80,9 @@ def to_api_error(exc: BaseException, param_of: Callable[[str], str] | None = Non
         too_long = "context length" in lowered or "longer than" in lowered
         code = "context_length_exceeded" if too_long else "invalid_value"
         return APIError(message, 400, param=param, code=code)
+    busy = out_of_descriptors(exc)
+    if busy is not None:
+        return busy
     logger.error("request failed unexpectedly: %r", exc)
     return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, code="request_failed")
 
