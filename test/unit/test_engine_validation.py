@@ -4,12 +4,17 @@ naming the field)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from sglang.srt.entrypoints.engine import (
     RequestOptions,
     _build_requests,
     _embedding_requests,
+    _has_exited,
     _own_keywords,
 )
 from sglang.srt.entrypoints.openai.errors import APIError
@@ -113,3 +118,24 @@ def test_an_unknown_keyword_is_a_type_error_naming_it():
         _own_keywords("generate", {"lora": None}, OWN, 1)
     with pytest.raises(TypeError, match="'return_logprob'"):
         _own_keywords("encode", {"return_logprob": True}, (), 1)
+
+
+def test_a_child_reaped_by_someone_else_counts_as_exited():
+    """An application's os.wait() can reap the scheduler; multiprocessing then reads it
+    as alive forever, and the watchdog never failed the requests (they hung)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: the pid no longer exists
+    assert _has_exited(SeenAlive(gone.pid))
+    assert not _has_exited(SeenAlive(os.getpid()))
+
+
+class SeenAlive:
+    """A process as multiprocessing sees one that another wait reaped: alive."""
+
+    exitcode = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def is_alive(self) -> bool:
+        return True

@@ -176,6 +176,8 @@ class ChildProcesses:
     def _report_death(self, role: str, proc: mp.process.BaseProcess) -> None:
         signal_name = _killing_signal_name(proc.exitcode)
         shown_code = f"{proc.exitcode} ({signal_name})" if signal_name else f"{proc.exitcode}"
+        if proc.exitcode is None:  # gone, yet never reaped by us (see _has_exited)
+            shown_code = "unknown (another wait in this process reaped it)"
         self.dead_message = (
             f"The {role} process (pid {proc.pid}) exited unexpectedly with code "
             f"{shown_code}; the server cannot serve requests."
@@ -208,7 +210,7 @@ class ChildProcesses:
         """The death message if a child has exited (reported once found), else None.
         Of several dead, one killed by a signal is named: a TP rank killed takes its
         peers down with it (their collective fails), and the cause is the killed one."""
-        dead = [(role, proc) for role, proc in self.procs if not proc.is_alive()]
+        dead = [(role, proc) for role, proc in self.procs if _has_exited(proc)]
         if not dead:
             return None
         role, proc = min(dead, key=lambda rp: _killing_signal_name(rp[1].exitcode) is None)
@@ -229,6 +231,14 @@ class ChildProcesses:
         for cleanup in self.cleanups:
             cleanup()
         self.port_args.cleanup()
+
+
+def _has_exited(proc: Any) -> bool:
+    """Whether `proc` ended. multiprocessing reads a child that someone else reaped (an
+    os.wait() of the application's) as alive forever: its pid is gone then."""
+    if not proc.is_alive():
+        return True
+    return proc.pid is not None and not psutil.pid_exists(proc.pid)
 
 
 def _killing_signal_name(exitcode: Any) -> str | None:
