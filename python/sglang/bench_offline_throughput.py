@@ -10,7 +10,6 @@ Prompts are random token ids (seeded); outputs run to max_new_tokens (ignore_eos
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import random
@@ -18,7 +17,24 @@ import sys
 import time
 from typing import Any
 
+from sglang.srt.server_args import (
+    ServerArgs,
+    build_parser,
+    resolution_result,
+    server_args_from_namespace,
+)
+
 logger = logging.getLogger(__name__)
+
+PROG = "python -m sglang.bench_offline_throughput"
+WARMUP_OUTPUT_LEN = 8  # tokens each warm-up prompt generates (at most --random-output-len)
+# (flag, lowest accepted value) of the benchmark's counts and lengths
+_LOWEST = (
+    ("--num-prompts", 1),
+    ("--random-input-len", 1),
+    ("--random-output-len", 1),
+    ("--warmup-prompts", 0),
+)
 
 _BENCH_ARGS = (
     "num_prompts",
@@ -64,21 +80,60 @@ def run_benchmark(engine: Any, prompts: list[list[int]], output_len: int) -> dic
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from sglang.srt.server_args import ServerArgs, build_parser
-
-    parser = build_parser(prog="python -m sglang.bench_offline_throughput")
+def build_bench_parser() -> argparse.ArgumentParser:
+    """The server's flags plus the benchmark's, under this script's name."""
+    parser = build_parser(prog=PROG)
     add_bench_args(parser)
+    return parser
+
+
+def checked_server_args(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> ServerArgs:
+    """The resolved ServerArgs of `ns`; a count, length or server flag the run cannot
+    take exits 2 through `parser`, naming the flag, before any engine starts."""
+    check_counts(parser, ns)
+    server_args = server_args_from_namespace(parser, ns)
+    try:
+        server_args.resolve_once()  # the Engine's own resolution, done early: idempotent
+    except (ValueError, FileNotFoundError) as exc:
+        parser.error(str(exc))
+    check_context(parser, ns, resolution_result(server_args, "context_length"))
+    return server_args
+
+
+def check_counts(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    for flag, lowest in _LOWEST:
+        value = getattr(ns, flag[2:].replace("-", "_"))
+        if value < lowest:
+            parser.error(f"{flag} {value}: must be >= {lowest}")
+
+
+def check_context(
+    parser: argparse.ArgumentParser, ns: argparse.Namespace, context_len: int | None
+) -> None:
+    """Refuse prompts + outputs past the context (None: not known before the model
+    loads, e.g. a hub id: the engine checks each request)."""
+    if context_len is None:
+        return
+    il, ol = ns.random_input_len, ns.random_output_len
+    if il + ol > context_len:
+        parser.error(
+            f"--random-input-len {il} + --random-output-len {ol} is longer than the model's "
+            f"context length ({context_len}); pass --context-length or shorter lengths"
+        )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_bench_parser()
     ns = parser.parse_args(argv)
-    fields = {f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)}
-    logging.basicConfig(level=getattr(logging, str(fields["log_level"]).upper(), logging.INFO))
+    logging.basicConfig(level=getattr(logging, str(ns.log_level).upper(), logging.INFO))
+    server_args = checked_server_args(parser, ns)
     from sglang.srt.entrypoints.engine import Engine
 
-    with Engine(server_args=ServerArgs(**fields)) as engine:
+    with Engine(server_args=server_args) as engine:
         vocab = engine.tokenizer_manager.model_config.vocab_size
         warm = random_prompts(ns.warmup_prompts, ns.random_input_len, vocab, ns.seed + 1)
         if warm:
-            run_benchmark(engine, warm, 8)
+            run_benchmark(engine, warm, min(WARMUP_OUTPUT_LEN, ns.random_output_len))
         prompts = random_prompts(ns.num_prompts, ns.random_input_len, vocab, ns.seed)
         result = run_benchmark(engine, prompts, ns.random_output_len)
     _report(result, ns)

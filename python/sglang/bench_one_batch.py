@@ -22,7 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.srt.server_args import ServerArgs, build_parser, server_args_from_namespace
+
 logger = logging.getLogger("sglang.bench_one_batch")
+PROG = "python -m sglang.bench_one_batch"
 
 
 @dataclass
@@ -37,29 +40,60 @@ class BenchArgs:
 @dataclass
 class Timing:
     prefill_s: float
-    decode_s: float  # median seconds per decode step
+    decode_s: float | None  # median seconds per decode step; None: none ran (output-len 1)
 
     def line(self, name: str, bs: int, input_len: int) -> str:
-        return (
-            f"{name:>5}  prefill {self.prefill_s * 1e3:8.2f} ms {bs * input_len / self.prefill_s:9.0f}"
-            f" tok/s | decode {self.decode_s * 1e3:7.2f} ms/step {bs / self.decode_s:8.0f} tok/s"
-        )
+        prefill_tps = bs * input_len / self.prefill_s
+        head = f"{name:>5}  prefill {self.prefill_s * 1e3:8.2f} ms {prefill_tps:9.0f} tok/s"
+        if self.decode_s is None:
+            return f"{head} | decode n/a (--output-len 1: no decode step)"
+        decode_tps = bs / self.decode_s
+        return f"{head} | decode {self.decode_s * 1e3:7.2f} ms/step {decode_tps:8.0f} tok/s"
+
+
+def ratio_line(ours: Timing, hf: Timing) -> str:
+    """HF's latency over ours (> 1: we are faster); decode n/a without a decode step."""
+    decode = "n/a" if ours.decode_s is None else f"{hf.decode_s / ours.decode_s:.2f}x"
+    return f"ratio hf/ours: prefill {hf.prefill_s / ours.prefill_s:.2f}x, decode {decode}"
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: an integer >= 1")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[BenchArgs, list[str]]:
     parser = argparse.ArgumentParser(
+        prog=PROG,
         description=__doc__.splitlines()[0],
         epilog="Every other flag is the server's (python -m sglang.launch_server --help): "
         "--model-path DIR, --dtype, --load-format, --num-threads, ...",
     )
-    parser.add_argument("--batch-size", type=int, nargs="+", default=[1])
-    parser.add_argument("--input-len", type=int, nargs="+", default=[128])
-    parser.add_argument("--output-len", type=int, nargs="+", default=[32])
+    parser.add_argument("--batch-size", type=_at_least_one, nargs="+", default=[1])
+    parser.add_argument("--input-len", type=_at_least_one, nargs="+", default=[128])
+    parser.add_argument(
+        "--output-len",
+        type=_at_least_one,
+        nargs="+",
+        default=[32],
+        help="tokens generated per sequence, the first by the prefill (1: no decode step)",
+    )
     parser.add_argument("--no-hf", action="store_true", help="skip the HF comparison")
     parser.add_argument("--seed", type=int, default=0)
     ns, server_argv = parser.parse_known_args(argv)
     bench = BenchArgs(ns.batch_size, ns.input_len, ns.output_len, not ns.no_hf, ns.seed)
     return bench, server_argv
+
+
+def parse_server_args(server_argv: list[str]) -> ServerArgs:
+    """The server's flags; a wrong one exits 2 with this script's usage."""
+    parser = build_parser(prog=PROG)
+    return server_args_from_namespace(parser, parser.parse_args(server_argv))
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -128,7 +162,7 @@ def measure(runners: list, output_len: int, prefill_repeats: int = 3) -> list[Ti
     for runner in runners:
         runner.close()
     return [
-        Timing(statistics.median(p), statistics.median(d) if d else float("nan"))
+        Timing(statistics.median(p), statistics.median(d) if d else None)
         for p, d in zip(prefill, decode)
     ]
 
@@ -154,12 +188,7 @@ def run(bench: BenchArgs, worker, hf_model) -> list[dict]:
             logger.info(timing.line(name, bs, il))
             row[name] = timing
         if len(timings) == 2:
-            ours, hf = timings
-            logger.info(
-                "ratio hf/ours: prefill %.2fx, decode %.2fx",
-                hf.prefill_s / ours.prefill_s,
-                hf.decode_s / ours.decode_s,
-            )
+            logger.info(ratio_line(*timings))
         results.append(row)
     return results
 
@@ -167,11 +196,10 @@ def run(bench: BenchArgs, worker, hf_model) -> list[dict]:
 def main(argv: list[str] | None = None) -> list[dict]:
     from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.runtime_context import publish
-    from sglang.srt.server_args import prepare_server_args
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     bench, server_argv = parse_args(argv)
-    publish(prepare_server_args(server_argv), role="scheduler")
+    publish(parse_server_args(server_argv), role="scheduler")
     worker = TpModelWorker()
     check_lengths(bench, worker.model_runner.context_len)
     logger.info("%s, torch threads %d", worker.model_config, torch.get_num_threads())
