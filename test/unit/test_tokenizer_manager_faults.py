@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import types
 
 import pytest
 
 from sglang.srt.managers.io_struct import (
+    HEALTH_PROBE_RID_PREFIX,
     BatchStrOutput,
     GenerateReqInput,
     UpdateWeightFromDiskReqInput,
@@ -224,3 +226,55 @@ def test_a_request_that_comes_during_a_weight_update_waits_for_it():
         return events
 
     assert asyncio.run(run()) == ["weights loaded", "request admitted"]
+
+
+def _admitting_manager() -> TokenizerManager:
+    """A bare manager whose requests tokenize to 3 ids; its weight-update gate closed."""
+    tm = _bare_manager()
+    tm._check_alive = tm.check_serves_generation = tm._ensure_handle_loop = lambda: None
+
+    async def tokenize(obj):
+        return types.SimpleNamespace(input_ids=[1, 2, 3])
+
+    tm._tokenize_off_loop = tokenize
+    tm._admitting.clear()  # a weight update runs
+    return tm
+
+
+@pytest.mark.parametrize("how", ["rid", "parent", "all"])
+def test_a_request_waiting_out_a_weight_update_is_reached_by_an_abort(how):
+    """Accepted, not yet at the scheduler: an abort used to miss it (success false) and
+    it ran to its end once the update was over."""
+    tm = _admitting_manager()
+    obj = GenerateReqInput(text="x", rid="late-0", parent_rid="late")
+
+    async def run() -> tuple[object, list[dict]]:
+        outputs: list[dict] = []
+
+        async def consume() -> None:
+            async for out in tm.generate_request(obj):
+                outputs.append(out)
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0)  # it waits at the gate
+        if how == "all":
+            answer = tm.abort_all()
+        else:
+            answer = tm.abort_request("late-0" if how == "rid" else "late", with_samples=True)
+        tm._admitting.set()  # the update ends
+        await task
+        return answer, outputs
+
+    answer, outputs = asyncio.run(run())
+    assert answer == (1 if how == "all" else True)
+    assert len(outputs) == 1 and outputs[0]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert not [m for m in tm.send_to_scheduler.sent if getattr(m, "input_ids", None)]
+    assert tm.rid_to_state == {} and tm._pending_rids == {}
+
+
+def test_abort_all_leaves_the_servers_own_health_probe_alone():
+    tm = _bare_manager()
+    tm._register(_state("client"))
+    tm._register(_state(f"{HEALTH_PROBE_RID_PREFIX}1"))
+    assert tm.abort_all() == 1
+    assert [m.rid for m in tm.send_to_scheduler.sent] == ["client"]

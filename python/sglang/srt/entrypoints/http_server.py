@@ -21,6 +21,7 @@ import hmac
 import logging
 import signal
 import socket
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +59,11 @@ from sglang.srt.entrypoints.openai.serving_native import GenerateRequest, Native
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingTokenize
 from sglang.srt.entrypoints.openapi_bodies import install_body_schemas
 from sglang.srt.environ import envs
-from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+from sglang.srt.managers.io_struct import (
+    HEALTH_PROBE_RID_PREFIX,
+    EmbeddingReqInput,
+    GenerateReqInput,
+)
 from sglang.srt.managers.node_link import split_dist_init_addr
 from sglang.srt.observability.metrics import ServerMetrics
 from sglang.srt.parser.chat_template import load_chat_template
@@ -265,11 +270,12 @@ async def generate_one_token(tokenizer_manager: Any, timeout_s: float) -> None:
         prompt = {"input_ids": [i % vocab_size for i in WARMUP_INPUT_IDS]}
     else:
         prompt = {"text": WARMUP_PROMPT}
+    rid = f"{HEALTH_PROBE_RID_PREFIX}{uuid.uuid4().hex}"  # no client's: abort_all skips it
     if tokenizer_manager.is_embedding:  # an embedding server: one embedding instead
-        obj = EmbeddingReqInput(**prompt)
+        obj = EmbeddingReqInput(**prompt, rid=rid)
         await _within(tokenizer_manager.encode_request(obj), obj.rid, tokenizer_manager, timeout_s)
         return
-    obj = GenerateReqInput(**prompt, sampling_params=params)
+    obj = GenerateReqInput(**prompt, sampling_params=params, rid=rid)
 
     async def run() -> None:
         async for output in tokenizer_manager.generate_request(obj):

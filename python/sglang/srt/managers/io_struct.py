@@ -28,6 +28,14 @@ from typing import Any
 # ----------------------------------------------------------------------------
 
 
+# The rids of the server's own health probes (/health_generate), as SGLang names them
+HEALTH_PROBE_RID_PREFIX = "HEALTH_CHECK_"
+
+
+def is_health_probe(rid: str) -> bool:
+    return rid.startswith(HEALTH_PROBE_RID_PREFIX)
+
+
 @dataclass
 class GenerateReqInput:
     """One generation request: a single prompt (text or ids), n = 1."""

@@ -74,6 +74,11 @@ def raise_if_failed(runtime_error: str | None, finished_reason: dict[str, Any] |
         raise failure
 
 
+def aborted_reason(message: str) -> dict[str, Any]:
+    """The finish reason of a request aborted on request (abort_request, abort_all)."""
+    return {"type": "abort", "matched": None, "message": message}
+
+
 def invalid_request_reason(message: str, param: str | None) -> dict[str, Any]:
     """The abort finish reason of a request the runtime found invalid (HTTP 400)."""
     reason = {"type": "abort", "matched": None, "message": message}

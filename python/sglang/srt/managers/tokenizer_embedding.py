@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from sglang.srt.managers.io_struct import EmbeddingReqInput, TokenizedEmbeddingReqInput
-from sglang.srt.managers.request_errors import raise_if_failed
+from sglang.srt.managers.request_errors import aborted_reason, raise_if_failed
 from sglang.srt.sampling.param_types import (
     InvalidParamError,
     RequestId,
@@ -75,9 +75,13 @@ class TokenizerEmbeddingMixin:
         self._check_alive()
         self.check_serves_embeddings()
         self._ensure_handle_loop()
-        tokenized = await self._tokenize_embedding_off_loop(obj)
-        await self._wait_for_weight_update()
+        with self._pending(obj) as pending:
+            tokenized = await self._tokenize_embedding_off_loop(obj)
+            await self._wait_for_weight_update()
         state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
+        if pending.abort_message is not None:  # aborted before it reached the scheduler
+            state.finished_reason = aborted_reason(pending.abort_message)
+            return self._embedding_output(state)
         self._register(state)
         try:
             self.send_to_scheduler.send(tokenized)

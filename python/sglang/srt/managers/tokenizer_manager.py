@@ -19,7 +19,7 @@ import os
 import pickle
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchStrOutput,
     BatchTokenIDOutput,
+    EmbeddingReqInput,
     FlushCacheReqInput,
     FlushCacheReqOutput,
     GenerateReqInput,
@@ -43,11 +44,13 @@ from sglang.srt.managers.io_struct import (
     TokenizerHandoff,
     UpdateWeightFromDiskReqInput,
     UpdateWeightFromDiskReqOutput,
+    is_health_probe,
 )
 from sglang.srt.managers.ipc import AsyncPullEndpoint, PushEndpoint
 from sglang.srt.managers.request_errors import (
     UPDATE_BUSY_MESSAGE,
     ServerUnavailableError,
+    aborted_reason,
     internal_error_reason,
     raise_if_failed,
 )
@@ -182,6 +185,14 @@ class ReqState:
 
 
 @dataclass
+class PendingRequest:
+    """A request accepted but not yet at the scheduler, and whether it was aborted."""
+
+    parent_rid: str | None
+    abort_message: str | None = None
+
+
+@dataclass
 class ReportedLogprobs:
     """A request's logprob lists as the API reports them, (logprob, token id, text)
     triples, each entry converted once as it arrives: every chunk of a stream (and every
@@ -256,6 +267,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self._admitting = asyncio.Event()  # cleared while a weight update runs
         self._admitting.set()
         self._updates_running = 0
+        self._pending_rids: dict[str, PendingRequest] = {}  # accepted, not yet registered
 
     def _init_ipc(self) -> None:
         self._sync_ctx = zmq.Context(1)
@@ -322,9 +334,14 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self._check_alive()
         self.check_serves_generation()
         self._ensure_handle_loop()
-        tokenized = await self._tokenize_off_loop(obj)
-        await self._wait_for_weight_update()
+        with self._pending(obj) as pending:
+            tokenized = await self._tokenize_off_loop(obj)
+            await self._wait_for_weight_update()
         state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
+        if pending.abort_message is not None:  # aborted before it reached the scheduler
+            state.finished_reason = aborted_reason(pending.abort_message)
+            yield self._make_output(state)
+            return
         self._register(state)
         try:
             self.send_to_scheduler.send(tokenized)
@@ -332,6 +349,19 @@ class TokenizerManager(TokenizerEmbeddingMixin):
                 yield out
         finally:
             self._release(state)
+
+    @contextlib.contextmanager
+    def _pending(self, obj: GenerateReqInput | EmbeddingReqInput) -> Iterator[PendingRequest]:
+        """`obj` accepted but not yet registered (tokenized off the loop, or waiting out a
+        weight update): abort_request and abort_all reach it through here (they missed
+        it: a request aborted while a weight update ran then ran to its end)."""
+        if obj.rid in self._pending_rids:
+            raise InvalidParamError(f"duplicate request id {obj.rid!r}", "rid")
+        pending = self._pending_rids[obj.rid] = PendingRequest(obj.parent_rid)
+        try:
+            yield pending
+        finally:
+            del self._pending_rids[obj.rid]
 
     async def _wait_for_weight_update(self) -> None:
         """A request that comes during a weight update waits for it to end (SGLang's
@@ -650,18 +680,25 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             self.rid_to_state[r].abandoned_at is None for r in [rid, *fanned]
             if r in self.rid_to_state
         )  # fmt: skip
+        for r, pending in self._pending_rids.items():  # not yet at the scheduler
+            if r == rid or (with_samples and pending.parent_rid == rid):
+                pending.abort_message, found = message, True
         if self._dead_message is None:
             for r in [rid, *fanned]:
                 self.send_to_scheduler.send(AbortReq(rid=r, message=message))
         return found
 
     def abort_all(self, message: str = "Aborted by request.") -> int:
-        """Abort every request in flight (SGLang's abort_all); how many were (those
-        whose caller already left are being aborted and not counted)."""
-        live = [rid for rid, state in self.rid_to_state.items() if state.abandoned_at is None]
-        for rid in list(self.rid_to_state):
+        """Abort every request in flight (SGLang's abort_all), those not yet at the
+        scheduler too; how many were (those whose caller already left are being aborted
+        and not counted). The server's own health probes are no client's: left alone (a
+        probe aborted under it made /health_generate report a healthy server down)."""
+        rids = [rid for rid in self.rid_to_state if not is_health_probe(rid)]
+        live = [rid for rid in rids if self.rid_to_state[rid].abandoned_at is None]
+        pending = [rid for rid in self._pending_rids if not is_health_probe(rid)]
+        for rid in rids + pending:
             self.abort_request(rid, message)
-        return len(live)
+        return len(live) + len(pending)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight here, at most `timeout_s`; whether none is."""
