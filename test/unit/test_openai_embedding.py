@@ -20,7 +20,12 @@ from sglang.srt.entrypoints.http_server import ServerStatus, create_app
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.protocol import EmbeddingRequest
 from sglang.srt.entrypoints.openai.serving_embedding import encode_vector, split_inputs
-from sglang.srt.managers.tokenizer_embedding import TokenizerEmbeddingMixin, truncate_embedding
+from sglang.srt.managers.request_errors import RequestFailedError
+from sglang.srt.managers.tokenizer_embedding import (
+    TokenizerEmbeddingMixin,
+    check_finite,
+    truncate_embedding,
+)
 from sglang.srt.runtime_context import get_context
 from sglang.srt.sampling.param_types import InvalidParamError
 from sglang.test.prometheus import metric_value
@@ -261,3 +266,14 @@ def test_embedding_requests_are_counted_in_metrics(tm):
     for name, value in (("num_requests_total", 2), ("prompt_tokens_total", 7),
                         ("e2e_request_latency_seconds_count", 2)):  # fmt: skip
         assert metric_value(text, name) == value, name
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_embedding_is_a_500_naming_it_on_every_format(bad):
+    """JSON cannot carry NaN: "float" answered the serializer's 500, "base64" a 200 of
+    NaN bytes. The check runs where every route (and Engine.encode) reads the vector."""
+    with pytest.raises(RequestFailedError, match="holds NaN or inf") as failed:
+        check_finite([0.5, bad, 0.25])
+    assert failed.value.status_code == 500
+    check_finite([0.5, -0.25])
+    check_finite(None)  # aborted: no vector

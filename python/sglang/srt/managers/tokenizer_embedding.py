@@ -22,7 +22,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from sglang.srt.managers.io_struct import EmbeddingReqInput, TokenizedEmbeddingReqInput
-from sglang.srt.managers.request_errors import aborted_reason, raise_if_failed
+from sglang.srt.managers.request_errors import (
+    RequestFailedError,
+    aborted_reason,
+    raise_if_failed,
+)
 from sglang.srt.sampling.param_types import (
     InvalidParamError,
     RequestId,
@@ -90,6 +94,7 @@ class TokenizerEmbeddingMixin:
             self._release(state)
         if self.log_requests:  # --log-requests: one line per request, as for generation
             self._log_finished(state)
+        check_finite(state.embedding)
         return self._embedding_output(state)
 
     async def _tokenize_embedding_off_loop(
@@ -159,6 +164,17 @@ async def _wait_finished(state: ReqState) -> None:
         state.event.clear()
         raise_if_failed(state.error, None)
     raise_if_failed(None, state.finished_reason)
+
+
+def check_finite(embedding: list[float] | None) -> None:
+    """RequestFailedError (a 500) for a vector holding NaN or inf: the model's output,
+    not the client's fault (a float16 overflow); the same on every route and format (JSON
+    cannot carry it: "float" answered a 500 from the serializer, "base64" a 200 of NaN)."""
+    if embedding is not None and not all(math.isfinite(x) for x in embedding):
+        raise RequestFailedError(
+            "the model's embedding for this input holds NaN or inf (its activations "
+            "overflowed; a float32 --dtype may hold them)"
+        )
 
 
 def truncate_embedding(embedding: list[float], dimensions: int) -> list[float]:
