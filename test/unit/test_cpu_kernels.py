@@ -40,6 +40,7 @@ from sglang.srt.layers.linear import (
 )
 from sglang.srt.layers.rotary_embedding import get_rope
 from sglang.srt.layers.sampler import greedy_ids
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 FP32_TOL = 1e-5
 NO_EXT = torch.empty(0, dtype=torch.int64)  # decode: one new token per request
@@ -532,6 +533,25 @@ def test_an_fp8_pool_saturates_what_it_cannot_hold(kernels, pool_dtype, largest)
         kernels.paged_attention(out, q, q, q, kv, torch.tensor([0]), table, torch.tensor([0]),
                                 torch.tensor([rows + 1]), NO_EXT, 1.0, 0.0, 0, False)  # fmt: skip
         torch.testing.assert_close(out[0], kv[key, 1, 0].float(), atol=1e-30, rtol=1e-6)
+
+
+def test_a_float16_pool_under_float32_compute_saturates_as_the_python_store(kernels):
+    """float32 compute keeps a float16 checkpoint's K/V in float16 (--dtype auto): a K
+    past 65504 was stored as inf, and every later step over the slot was NaN (token 0,
+    logprob -9999). The kernel's store and the pool's own set_kv_buffer both saturate."""
+    d = 64
+    table = torch.arange(8, dtype=torch.int32).view(1, 8)
+    pool = torch.zeros(8, 2, 1, d, dtype=torch.float16)
+    q = torch.full((1, d), 0.01)
+    k = torch.full((1, d), 1e5)
+    v = torch.linspace(-1e5, 1e5, d).view(1, d)
+    out = torch.empty_like(q)
+    kernels.paged_attention(out, q, k, v, pool, torch.tensor([3]), table, torch.tensor([0]),
+                            torch.tensor([4]), NO_EXT, d**-0.5, 0.0, 0, True)  # fmt: skip
+    assert torch.all(pool[3, 0].float() == 65504.0) and torch.isfinite(out).all()
+    python_pool = MHATokenToKVPool(8, torch.float16, 1, d, 1, "cpu")
+    python_pool.set_kv_buffer(0, torch.tensor([3]), k.view(1, 1, d), v.view(1, 1, d))
+    assert torch.equal(python_pool.kv_buffer[0][3], pool[3])
 
 
 def test_a_half_precision_query_needs_its_own_pool_dtype(kernels):

@@ -17,12 +17,19 @@ constexpr bool kIsFp8 =
     std::is_same_v<P, c10::Float8_e4m3fn> || std::is_same_v<P, c10::Float8_e5m2>;
 
 // x as a pool of dtype P stores it. fp8 saturates at its largest finite value (448 for
-// e4m3fn, 57344 for e5m2), as torch's cast to e4m3fn does: an overflow stored as inf or
-// NaN would poison every later attention over the slot. A NaN stays NaN.
+// e4m3fn, 57344 for e5m2), as torch's cast to e4m3fn does, and so does a float16 pool
+// under float32 or bf16 compute (65504): an overflow stored as inf or NaN would poison
+// every later attention over the slot. A NaN stays NaN.
+template <typename P, typename T>
+constexpr bool kNarrowerHalf = std::is_same_v<P, c10::Half> && !std::is_same_v<T, c10::Half>;
+template <typename P, typename T>
+constexpr bool kStoreSaturates = kIsFp8<P> || kNarrowerHalf<P, T>;
+
 template <typename P, typename T>
 inline P to_pool(T x) {
-  if constexpr (kIsFp8<P>) {
-    constexpr float kMax = std::is_same_v<P, c10::Float8_e4m3fn> ? 448.f : 57344.f;
+  if constexpr (kStoreSaturates<P, T>) {
+    constexpr float kMax = kNarrowerHalf<P, T> ? 65504.f
+                           : std::is_same_v<P, c10::Float8_e4m3fn> ? 448.f : 57344.f;
     const float f = static_cast<float>(x);
     return P(f > kMax ? kMax : (f < -kMax ? -kMax : f));
   } else {

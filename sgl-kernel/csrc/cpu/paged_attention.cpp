@@ -12,7 +12,7 @@ namespace sgl_cpu {
 namespace {
 
 // Writes k, v ([T, Hkv * D], rows may be strided) into pool slots `loc`, converted to the
-// pool's dtype P (to_pool: fp8 saturates).
+// pool's dtype P (to_pool: fp8, and float16 under wider compute, saturate).
 template <typename T, typename P>
 void write_kv(P* pool, const T* k, const T* v, const int64_t* loc, int64_t rows,
               int64_t k_stride, int64_t v_stride, int64_t slot_stride, int64_t width) {
@@ -20,7 +20,7 @@ void write_kv(P* pool, const T* k, const T* v, const int64_t* loc, int64_t rows,
     P* slot = pool + loc[r] * slot_stride;  // [2, Hkv, D]: K then V
     const T* k_row = k + r * k_stride;
     const T* v_row = v + r * v_stride;
-    if constexpr (kIsFp8<P>) {
+    if constexpr (kStoreSaturates<P, T>) {
       for (int64_t i = 0; i < width; ++i) slot[i] = to_pool<P>(k_row[i]);
       for (int64_t i = 0; i < width; ++i) slot[width + i] = to_pool<P>(v_row[i]);
     } else {

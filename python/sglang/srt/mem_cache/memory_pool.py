@@ -108,6 +108,11 @@ class MHATokenToKVPool:
             kv = kv.clamp(-largest, largest).to(self.dtype).view(torch.uint8)
             self.kv_buffer[layer_id].view(torch.uint8).index_copy_(0, loc, kv)
             return
+        if torch.finfo(self.dtype).max < torch.finfo(kv.dtype).max:
+            # a float16 pool under float32 / bf16 compute saturates too, as the kernel's
+            # store does: a K past 65504 stored as inf made every later step NaN
+            largest = torch.finfo(self.dtype).max
+            kv = kv.clamp(-largest, largest)
         self.kv_buffer[layer_id].index_copy_(0, loc, kv.to(self.dtype))
 
     @staticmethod
