@@ -959,3 +959,18 @@ def test_a_structural_tag_starts_after_the_reasoning_too(serve):
     off = {"chat_template_kwargs": {"enable_thinking": False}}
     assert chat(client, tools=[strict], tool_choice="auto", **off).status_code == 200
     assert tm.requests[-1].require_reasoning is False
+
+
+@pytest.mark.parametrize(
+    "extra, skips",
+    [({"tools": TOOLS}, False),  # the parser reads the call markers, special or not
+     ({"tools": TOOLS, "tool_choice": "none"}, True),
+     ({"tools": TOOLS, "skip_special_tokens": True}, True),  # the request's own choice
+     ({}, True)],
+)  # fmt: skip
+def test_a_chat_with_tools_keeps_special_tokens_for_the_parser(serve, extra, skips):
+    """Mistral's [TOOL_CALLS] is a special token: decoded with skip_special_tokens, the
+    marker was gone before the parser looked and the call came back as content."""
+    tm = make_tm("ok", tool_call_parser="mistral")
+    chat(serve(tm), **extra)
+    assert tm.requests[0].sampling_params["skip_special_tokens"] is skips

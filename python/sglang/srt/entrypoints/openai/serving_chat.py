@@ -24,6 +24,7 @@ from sglang.srt.entrypoints.openai.chat_outputs import (
     plan_output,
     strict_calls_tag,
     template_tools,
+    tool_mode,
 )
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.logprobs import chat_logprobs, output_slices
@@ -58,6 +59,19 @@ class ChatPrepared(Prepared):
     streams: list[ChoiceOutputStream] = field(default_factory=list)  # per choice
 
 
+def keeps_call_markers(request: ChatCompletionRequest, tool_call_parser: str | None) -> bool:
+    """Whether the decode must keep special tokens for the tool-call parser: a call
+    marker may be one (Mistral's `[TOOL_CALLS]`, Llama 3.1's `<|python_tag|>`), which
+    skip_special_tokens drops before the parser sees it (the calls came back as content).
+    As SGLang and vLLM do, unless the request sets skip_special_tokens itself."""
+    return (
+        tool_call_parser is not None
+        and tool_mode(request) == "auto"
+        and request.tools is not None
+        and "skip_special_tokens" not in request.model_fields_set
+    )
+
+
 class OpenAIServingChat(OpenAIServingBase):
     response_cls = ChatCompletionResponse
     chunk_cls = ChatCompletionStreamResponse
@@ -81,9 +95,12 @@ class OpenAIServingChat(OpenAIServingBase):
         schema = call_schema(request)
         if schema is not None:
             params = {**params, "json_schema": json.dumps(schema)}
-        tag = strict_calls_tag(request, self.tokenizer_manager.config_value("tool_call_parser"))
+        parser = self.tokenizer_manager.config_value("tool_call_parser")
+        tag = strict_calls_tag(request, parser)
         if tag is not None:
             params = {**params, "structural_tag": json.dumps(tag)}
+        if keeps_call_markers(request, parser):
+            params = {**params, "skip_special_tokens": False}
         request_id = new_request_id("chatcmpl")
         choices = plan_choices(request_id, request.rid, params, 1, request.n)
         plan = self._output_plan(request, prompt)
