@@ -189,6 +189,13 @@ CASES = [
         [("get_weather", {"city": "Paris"}), ("get_time", {"timezone": "Europe/Paris"})],
     ),
     (
+        "llama-text-after",
+        "llama3",
+        '<|python_tag|>{"name": "search", "parameters": {"query": "x"}}\n\nDone.\n',
+        "\n\nDone.",  # the spacing before the text is the text's own, as with hermes
+        [("search", {"query": "x"})],
+    ),
+    (
         "llama-text-before",
         "llama3",
         'Let me look that up.<|python_tag|>{"name": "search", "parameters": {"query": "x"}}',

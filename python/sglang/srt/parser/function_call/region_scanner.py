@@ -242,7 +242,11 @@ class RegionScanner:
         matched = self._take_token(close, skip_whitespace=False) if close else False
         if matched is None:
             return False
-        self._end_region(events)  # closed, or anything else: the text goes on
+        # not closed (llama3 has no close): the text goes on here, and the spacing taken
+        # as the region's since its last call is that text's own (hermes's is text too)
+        spacing = "" if matched or not self._region_ok else _trailing_space(self._syntax)
+        self._end_region(events)
+        _emit(events, spacing)
         return True
 
     def _begin_call(self) -> None:
@@ -279,6 +283,10 @@ class RegionScanner:
         if token.startswith(self._buf):
             return None
         return False
+
+
+def _trailing_space(text: str) -> str:
+    return text[len(text.rstrip(JSON_WHITESPACE)) :]
 
 
 def _emit(events: list[ScanEvent], text: str) -> None:
