@@ -467,11 +467,10 @@ def test_a_call_failing_after_its_name_leaves_no_markup_in_the_stream(case):
 
 
 def _assert_sent(calls: list[tuple], expected: list[tuple]) -> None:
-    """The same calls, each one's arguments a prefix of the expected text (a broken
-    call sends what it had read when a chunk showed it broken)."""
-    assert [name for name, _ in calls] == [name for name, _ in expected]
-    for (_, args), (_, full) in zip(calls, expected, strict=True):
-        assert full.startswith(args) and args.startswith("{")
+    """The same calls with the same arguments, up to where they broke, whatever the
+    chunking (the piece read in the chunk that showed the break was lost: the streamed
+    arguments depended on where the chunks fell)."""
+    assert calls == expected
 
 
 def test_a_broken_call_ends_where_the_next_call_opens():

@@ -114,7 +114,9 @@ class JsonCallReader:
         for event in reader_events:
             self._on_reader_event(event)
         events: list[ScanEvent] = []
-        if not self.failed:
+        # a call whose name went out sends its arguments up to where they broke, in
+        # whatever chunks they came (the piece read in the breaking chunk was lost)
+        if not self.failed or self.tool_index is not None:
             self._emit_progress(events)
         return events, used
 
