@@ -19,13 +19,18 @@ from pydantic import ValidationError
 from sglang.srt.entrypoints.http_server import ServerStatus, create_app
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.protocol import EmbeddingRequest
-from sglang.srt.entrypoints.openai.serving_embedding import encode_vector, split_inputs
+from sglang.srt.entrypoints.openai.serving_embedding import (
+    OpenAIServingEmbedding,
+    encode_vector,
+    split_inputs,
+)
 from sglang.srt.managers.request_errors import RequestFailedError
 from sglang.srt.managers.tokenizer_embedding import (
     TokenizerEmbeddingMixin,
     check_finite,
     truncate_embedding,
 )
+from sglang.srt.observability.metrics import ServerMetrics
 from sglang.srt.runtime_context import get_context
 from sglang.srt.sampling.param_types import InvalidParamError
 from sglang.test.prometheus import metric_value
@@ -277,3 +282,28 @@ def test_a_non_finite_embedding_is_a_500_naming_it_on_every_format(bad):
     assert failed.value.status_code == 500
     check_finite([0.5, -0.25])
     check_finite(None)  # aborted: no vector
+
+
+def test_an_input_cut_off_by_its_client_is_counted_as_an_abort():
+    """The tracker was fed only by a finished input: 196 inputs cut off by a disconnect
+    left num_requests and num_aborted_requests where they were."""
+
+    class Stalled:
+        async def encode_request(self, obj):
+            await asyncio.Event().wait()  # never finishes
+
+    metrics = ServerMetrics("m")
+    serving = OpenAIServingEmbedding(Stalled(), metrics)
+
+    async def run(client_left: bool) -> None:
+        task = asyncio.ensure_future(serving._encode(None, lambda: client_left))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run(client_left=False))  # a sibling's failure: that sibling's count
+    asyncio.run(run(client_left=True))
+    text = metrics.render().decode()
+    assert metric_value(text, "num_requests_total") == 1
+    assert metric_value(text, "num_aborted_requests_total") == 1

@@ -237,6 +237,7 @@ def _admitting_manager() -> TokenizerManager:
         return types.SimpleNamespace(input_ids=[1, 2, 3])
 
     tm._tokenize_off_loop = tokenize
+    tm.log_requests = False
     tm._admitting.clear()  # a weight update runs
     return tm
 
@@ -278,3 +279,25 @@ def test_abort_all_leaves_the_servers_own_health_probe_alone():
     tm._register(_state(f"{HEALTH_PROBE_RID_PREFIX}1"))
     assert tm.abort_all() == 1
     assert [m.rid for m in tm.send_to_scheduler.sent] == ["client"]
+
+
+def test_a_request_the_runtime_refuses_is_logged_once_with_its_outcome(caplog):
+    """--log-requests logged finished and aborted requests only: a 429 (queue full) or a
+    runtime 400 left no request line."""
+    tm = _bare_manager()
+    tm.log_requests = True
+    state = _state("full")
+    tm._register(state)
+    state.finished_reason = {"type": "abort", "matched": None, "message": "queue is full",
+                             "status_code": 429}  # fmt: skip
+    state.event.set()
+
+    async def run() -> None:
+        async for _ in tm._wait_outputs(state):
+            pass
+
+    with caplog.at_level(logging.INFO, logger="sglang.srt.managers.tokenizer_manager"):
+        with pytest.raises(RequestFailedError, match="queue is full"):
+            asyncio.run(run())
+    lines = [r.getMessage() for r in caplog.records if "request full:" in r.getMessage()]
+    assert len(lines) == 1 and "queue is full" in lines[0]

@@ -85,17 +85,26 @@ class TokenizerEmbeddingMixin:
         state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
         if pending.abort_message is not None:  # aborted before it reached the scheduler
             state.finished_reason = aborted_reason(pending.abort_message)
-            return self._embedding_output(state)
-        self._register(state)
-        try:
-            self.send_to_scheduler.send(tokenized)
-            await _wait_finished(state)
-        finally:
-            self._release(state)
+        else:
+            await self._run_embedding(state, tokenized)
         if self.log_requests:  # --log-requests: one line per request, as for generation
             self._log_finished(state)
         check_finite(state.embedding)
         return self._embedding_output(state)
+
+    async def _run_embedding(self, state: ReqState, tokenized: TokenizedEmbeddingReqInput) -> None:
+        """Send `tokenized` and wait for its vector; a refused or failed one is logged
+        (--log-requests) before it raises."""
+        self._register(state)
+        try:
+            self.send_to_scheduler.send(tokenized)
+            await _wait_finished(state)
+        except RequestFailedError:
+            if self.log_requests:
+                self._log_finished(state, state.error)
+            raise
+        finally:
+            self._release(state)
 
     async def _tokenize_embedding_off_loop(
         self, obj: EmbeddingReqInput

@@ -340,6 +340,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
         if pending.abort_message is not None:  # aborted before it reached the scheduler
             state.finished_reason = aborted_reason(pending.abort_message)
+            if self.log_requests:
+                self._log_finished(state)
             yield self._make_output(state)
             return
         self._register(state)
@@ -435,10 +437,11 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         while True:
             await state.event.wait()
             state.event.clear()
+            ended = state.finished_reason is not None or state.error is not None
+            if ended and self.log_requests:  # refused or failed ones too (a 429, a 500)
+                self._log_finished(state, state.error)
             raise_if_failed(state.error, state.finished_reason)
             if state.finished_reason is not None:
-                if self.log_requests:
-                    self._log_finished(state)
                 yield self._make_output(state)
                 return
             if state.obj.stream:

@@ -87,7 +87,7 @@ def to_api_error(exc: BaseException, param_of: Callable[[str], str] | None = Non
     return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, code="request_failed")
 
 
-def _is_client_error(exc: BaseException) -> bool:
+def is_client_error(exc: BaseException) -> bool:
     """A refusal of the request itself (4xx: invalid, overloaded), not a runtime failure."""
     if isinstance(exc, (APIError, RequestFailedError, ServerUnavailableError)):
         return exc.status_code < 500
@@ -236,7 +236,7 @@ class ChoiceFanout:
                 tracker.on_abort()
             raise
         except Exception as exc:  # forwarded to the consumer, which answers it
-            if tracker is not None and not _is_client_error(exc):
+            if tracker is not None and not is_client_error(exc):
                 tracker.on_failure()
             # Without its traceback, which only the answer's mapping would see (it logs
             # the repr): its frames hold this object, so a stored traceback is a reference

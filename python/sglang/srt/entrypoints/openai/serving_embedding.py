@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from collections.abc import Callable
 from typing import Any, Union
 
 import numpy as np
@@ -24,6 +25,7 @@ from pydantic import ConfigDict
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import (
     ClientDisconnected,
+    is_client_error,
     to_api_error,
     wait_for_disconnect,
 )
@@ -161,7 +163,8 @@ class OpenAIServingEmbedding:
         """Every input's output. On the first failure, or when the client goes away
         (ClientDisconnected), the others are cancelled, which aborts them in the
         scheduler, and the failure is answered."""
-        tasks = [asyncio.ensure_future(self._encode(o)) for o in objs]
+        client_left: list[bool] = []  # cancelled for the client (counted aborts), or not
+        tasks = [asyncio.ensure_future(self._encode(o, lambda: bool(client_left))) for o in objs]
         every = asyncio.gather(*tasks)
         watch = None if raw_request is None else asyncio.ensure_future(
             wait_for_disconnect(raw_request))  # fmt: skip
@@ -170,6 +173,7 @@ class OpenAIServingEmbedding:
                 await asyncio.wait((every, watch), return_when=asyncio.FIRST_COMPLETED)
                 if not every.done():
                     logger.info("client disconnected; aborting %d embedding input(s)", len(objs))
+                    client_left.append(True)
                     raise ClientDisconnected()
             return list(await every)
         except Exception as exc:
@@ -185,10 +189,23 @@ class OpenAIServingEmbedding:
             if watch is not None:
                 watch.cancel()
 
-    async def _encode(self, obj: EmbeddingReqInput) -> dict[str, Any]:
-        """One input's output, counted in /metrics (requests, prompt tokens, latency)."""
+    async def _encode(
+        self, obj: EmbeddingReqInput, client_left: Callable[[], bool]
+    ) -> dict[str, Any]:
+        """One input's output, counted in /metrics (requests, prompt tokens, latency) as
+        a generation is: an input cut off by its client as an abort, one the runtime
+        failed as a failure; one cancelled because a sibling failed is that sibling's."""
         tracker = self.metrics.track() if self.metrics is not None else None
-        out = await self.tokenizer_manager.encode_request(obj)
+        try:
+            out = await self.tokenizer_manager.encode_request(obj)
+        except asyncio.CancelledError:
+            if tracker is not None and client_left():
+                tracker.on_abort()
+            raise
+        except Exception as exc:
+            if tracker is not None and not is_client_error(exc):
+                tracker.on_failure()
+            raise
         if tracker is not None:
             tracker.on_output(out)
         return out
