@@ -387,9 +387,10 @@ def test_an_engine_warns_of_http_server_settings(caplog):
     caplog.set_level(logging.WARNING, logger="sglang.srt.entrypoints.engine")
     _warn_http_only_fields(ServerArgs(model_path="org/model", port=31234, api_key="k",
                                       served_model_name="mine", tool_call_parser="qwen25",
-                                      reasoning_parser="qwen3"))  # fmt: skip
+                                      reasoning_parser="qwen3", chat_template="t.jinja"))  # fmt: skip
     messages = [r.getMessage() for r in caplog.records]
-    # reasoning_parser acts: it names require_reasoning's end token
+    # reasoning_parser acts: it names require_reasoning's end token, and chat_template is
+    # where a reasoning parser is detected from
     assert [m.split(" ")[0] for m in messages] == [
         "port", "api_key", "served_model_name", "tool_call_parser"
     ]  # fmt: skip

@@ -548,6 +548,11 @@ def test_a_grammar_starts_after_the_reasoning(serve, parser, extra):
         message = chat(client, **off).json()["choices"][0]["message"]
         assert message["content"] == '{"a": 1}' and not message.get("reasoning_content")
         assert tm.requests[-1].require_reasoning is False
+        # not splitting the think block out does not stop the model thinking (as SGLang)
+        tm.script = opened + 'plan</think>{"a": 1}'
+        whole = chat(client, **extra, separate_reasoning=False).json()["choices"][0]["message"]
+        assert whole["content"] == opened + 'plan</think>{"a": 1}'
+        assert tm.requests[-1].require_reasoning is True
 
 
 def test_a_grammar_is_shaped_from_the_first_token_when_the_end_tag_is_no_token(serve):

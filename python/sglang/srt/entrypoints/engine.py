@@ -652,9 +652,10 @@ def _record_detected_parsers(tokenizer_manager: TokenizerManager, launch_args: A
 HTTP_ONLY_FIELDS = (
     "host", "port", "api_key", "max_request_body_mb", "skip_server_warmup", "enable_metrics",
     "served_model_name",  # the OpenAI routes' model name (/v1/models)
-    # the chat route's (the Engine has no chat API; reasoning_parser names the end token
-    # of require_reasoning, which the Engine takes)
-    "chat_template", "tool_call_parser",
+    # the chat route's (the Engine has no chat API). reasoning_parser names the end token
+    # of require_reasoning, which the Engine takes, and chat_template is where it is
+    # detected from: neither is a no-op here
+    "tool_call_parser",
 )  # fmt: skip
 
 

@@ -139,16 +139,18 @@ def plan_output(
     `end_is_one_token`: the reasoning end tag is one token of the model's tokenizer;
     `prompt`: the rendered prompt."""
     mode = tool_mode(request)
+    # separate_reasoning only says whether the think block is split out of the content;
+    # whether the model thinks (and a grammar waits for it) is the parser's, as SGLang
     reasoning = reasoning_parser if request.separate_reasoning else None
-    force = _thinking(request, reasoning)
-    prefill_force = _continued_think_state(request, reasoning, prompt)
+    force = _thinking(request, reasoning_parser)
+    prefill_force = _continued_think_state(request, reasoning_parser, prompt)
     if prefill_force is not None:  # the continued message already opened or closed it
         force = prefill_force
     constrained = mode == "constrained" or shaped_from_first_token(request)
     # As SGLang: a model that thinks first reasons free, and any grammar (a structural
     # tag's triggers too) starts after its think block (constrained/reasoning_gate.py)
     has_grammar = constrained or uses_structural_tag(request, tool_call_parser)
-    thinks = reasoning is not None and force is not False
+    thinks = reasoning_parser is not None and force is not False
     after_reasoning = has_grammar and thinks and end_is_one_token
     if constrained and not after_reasoning:
         # The grammar shapes the output from its first token: no think block is open
