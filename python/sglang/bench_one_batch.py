@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.bench_args import at_least_one
 from sglang.srt.server_args import ServerArgs, build_parser, server_args_from_namespace
 
 logger = logging.getLogger("sglang.bench_one_batch")
@@ -57,16 +58,6 @@ def ratio_line(ours: Timing, hf: Timing) -> str:
     return f"ratio hf/ours: prefill {hf.prefill_s / ours.prefill_s:.2f}x, decode {decode}"
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: an integer >= 1")
-    return value
-
-
 def parse_args(argv: list[str] | None = None) -> tuple[BenchArgs, list[str]]:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -74,11 +65,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchArgs, list[str]]:
         epilog="Every other flag is the server's (python -m sglang.launch_server --help): "
         "--model-path DIR, --dtype, --load-format, --num-threads, ...",
     )
-    parser.add_argument("--batch-size", type=_at_least_one, nargs="+", default=[1])
-    parser.add_argument("--input-len", type=_at_least_one, nargs="+", default=[128])
+    parser.add_argument("--batch-size", type=at_least_one, nargs="+", default=[1])
+    parser.add_argument("--input-len", type=at_least_one, nargs="+", default=[128])
     parser.add_argument(
         "--output-len",
-        type=_at_least_one,
+        type=at_least_one,
         nargs="+",
         default=[32],
         help="tokens generated per sequence, the first by the prefill (1: no decode step)",

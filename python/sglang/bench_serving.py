@@ -36,6 +36,8 @@ import aiohttp
 import numpy as np
 import orjson
 
+from sglang.bench_args import at_least_one
+
 # --- workload --------------------------------------------------------------------------------
 
 
@@ -361,16 +363,6 @@ def _positive_rate(text: str) -> float:
     return rate
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: an integer >= 1")
-    return value
-
-
 def _range_ratio(text: str) -> float:
     try:
         ratio = float(text)
@@ -395,14 +387,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokenizer", default=None, help="HF tokenizer for exact prompt lengths.")
     p.add_argument("--api-key", default=None)
     p.add_argument("--dataset-name", choices=["random"], default="random")
-    p.add_argument("--num-prompts", type=_at_least_one, default=100)
-    p.add_argument("--random-input-len", type=_at_least_one, default=256)
-    p.add_argument("--random-output-len", type=_at_least_one, default=64)
+    p.add_argument("--num-prompts", type=at_least_one, default=100)
+    p.add_argument("--random-input-len", type=at_least_one, default=256)
+    p.add_argument("--random-output-len", type=at_least_one, default=64)
     p.add_argument("--random-range-ratio", type=_range_ratio, default=1.0,
                    help="In [0, 1]: lengths are uniform in [ratio * len, len]; 1.0 = fixed.")  # fmt: skip
     p.add_argument("--request-rate", type=_positive_rate, default=float("inf"),
                    help="Requests per second, > 0 (inf: all at once).")  # fmt: skip
-    p.add_argument("--max-concurrency", type=_at_least_one, default=None,
+    p.add_argument("--max-concurrency", type=at_least_one, default=None,
                    help="Most requests in flight, >= 1 (default: no limit).")  # fmt: skip
     p.add_argument("--disable-ignore-eos", action="store_true")
     p.add_argument("--logprobs", type=int, default=None,
