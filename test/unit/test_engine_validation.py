@@ -90,8 +90,8 @@ def test_sglang_keywords_at_their_default_are_accepted():
 @pytest.mark.parametrize("name", sorted(UnsupportedSGLangFields.model_fields))
 def test_sglang_fields_the_routes_refuse_are_refused_with_the_same_message(name):
     exc = refusal(lambda: _own_keywords("generate", {name: "x"}, OWN, 1))
-    with pytest.raises(ValueError) as http:
-        UnsupportedSGLangFields(**{name: "x"})
+    with pytest.raises(ValueError) as http:  # the DP-rank fields: by the server's ranks
+        UnsupportedSGLangFields(**{name: "x"}).check_dp_routing(1)
     assert exc.param == name and str(exc).removeprefix(f"{name}: ") in str(http.value)
 
 

@@ -858,6 +858,28 @@ def test_native_null_sampling_fields_are_unset(client, tm):
     assert tm.requests[0].sampling_params == {"max_new_tokens": None}
 
 
+@pytest.mark.parametrize("route", ["/generate", "/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("name", ["data_parallel_rank", "routed_dp_rank"])
+def test_a_chosen_dp_rank_is_refused_on_every_route_rank_0_of_one_is_fine(tm, route, name):
+    """SGLang's routing fields were dropped on the OpenAI routes (a 200 served wherever
+    the balancer sent it) and "unknown" on /generate."""
+    body = {"model": MODEL, "max_tokens": 1, "prompt": "x", "messages": [{"role": "user",
+            "content": "x"}]} if route != "/generate" else {"text": "x"}  # fmt: skip
+    if route == "/v1/completions":
+        del body["messages"]
+    elif route == "/v1/chat/completions":
+        del body["prompt"]
+    tm.num_dp_ranks = 2
+    with make_client(tm) as dp2:
+        error = assert_error(dp2.post(route, json={**body, name: 1}), 400, name)
+        assert "not supported" in error["message"]
+        assert_error(dp2.post(route, json={**body, name: 0}), 400, name)
+        assert dp2.post(route, json={**body, name: None}).status_code == 200
+    tm.num_dp_ranks = 1
+    with make_client(tm) as one:
+        assert one.post(route, json={**body, name: 0}).status_code == 200
+
+
 def test_native_top_logprobs_num_capped(client):
     body = {"text": "x", "return_logprob": True, "top_logprobs_num": 101}
     assert_error(client.post("/generate", json=body), 400, "top_logprobs_num")

@@ -106,11 +106,6 @@ _NOT_IMPLEMENTED = {
 _NOT_IMPLEMENTED_DEFAULTS = {"routed_experts_start_len": 0}
 # The DP controller routes each request by --load-balance-method; with one DP rank the
 # only rank, 0, is accepted (SGLang ignores it there too).
-_DP_RANK_KEYWORDS = ("routed_dp_rank", "data_parallel_rank")
-_ROUTING_REFUSED = (
-    "routing a request to a chosen DP rank is not supported by this server "
-    "(--load-balance-method picks the rank)"
-)
 
 
 class ChildStartupError(RuntimeError):
@@ -1040,7 +1035,7 @@ def _own_keywords(
     neither in `own` nor SGLang's is a TypeError, as any unknown keyword. A null in `own`
     is dropped: the request's default applies (SGLang's Engine passes its defaults,
     None, for the options the caller left out)."""
-    from sglang.srt.entrypoints.openai.protocol import UnsupportedSGLangFields
+    from sglang.srt.entrypoints.openai.protocol import DP_RANK_FIELDS, UnsupportedSGLangFields
     from sglang.srt.sampling.param_types import first_error
 
     kept = {}
@@ -1048,14 +1043,13 @@ def _own_keywords(
         if name in own:
             if value is not None:
                 kept[name] = value
+        elif name in DP_RANK_FIELDS:  # the routes' rule and message
+            UnsupportedSGLangFields.model_validate({name: value}).check_dp_routing(num_dp_ranks)
         elif name in UnsupportedSGLangFields.model_fields:  # the routes' rule and message
             try:
                 UnsupportedSGLangFields.model_validate({name: value})
             except ValidationError as exc:
                 raise first_error(exc) from None
-        elif name in _DP_RANK_KEYWORDS:
-            if value is not None and not (num_dp_ranks == 1 and value == 0):
-                raise InvalidParamError(f"{name}: {_ROUTING_REFUSED}", name)
         elif name in _NOT_IMPLEMENTED:
             if not _at_default(name, value):
                 raise InvalidParamError(f"{name}: {_NOT_IMPLEMENTED[name]}", name)

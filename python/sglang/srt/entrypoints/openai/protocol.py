@@ -24,6 +24,7 @@ from sglang.srt.sampling.param_types import (
     MAX_OPENAI_TOP_LOGPROBS,
     Flag,
     GrammarText,
+    InvalidParamError,
     LogitBias,
     MinP,
     NonNegInt,
@@ -87,15 +88,34 @@ _UNSUPPORTED_SGLANG_FIELDS = {
 }
 
 
+ROUTING_REFUSED = (
+    "routing a request to a chosen DP rank is not supported by this server "
+    "(--load-balance-method picks the rank)"
+)
+DP_RANK_FIELDS = ("routed_dp_rank", "data_parallel_rank")
+
+
 class UnsupportedSGLangFields(BaseModel):
     """SGLang's request fields this server does not implement: refused naming the
-    field on every route (/generate too), never ignored; a null or false is fine."""
+    field on every route (/generate too), never ignored; a null or false is fine. The
+    DP-rank routing fields depend on the server's ranks: `check_dp_routing`."""
 
     priority: Any = None
     lora_path: Any = None
     return_hidden_states: Any = None
     custom_logit_processor: Any = None
     session_params: Any = None
+    routed_dp_rank: Any = None
+    data_parallel_rank: Any = None
+
+    def check_dp_routing(self, num_dp_ranks: int) -> None:
+        """A 400 naming a routing field set to a rank: only rank 0 of a server with one
+        DP rank is honoured (a chosen rank was ignored on the OpenAI routes: a 200 served
+        wherever --load-balance-method sent it)."""
+        for name in DP_RANK_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not (num_dp_ranks == 1 and value == 0):
+                raise InvalidParamError(f"{name}: {ROUTING_REFUSED}", name)
 
     @field_validator(*_UNSUPPORTED_SGLANG_FIELDS)
     @classmethod

@@ -23,7 +23,11 @@ from pydantic import BaseModel
 
 from sglang.srt.entrypoints.openai.errors import APIError
 from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnected, to_api_error
-from sglang.srt.entrypoints.openai.protocol import SamplingFields, UsageInfo
+from sglang.srt.entrypoints.openai.protocol import (
+    SamplingFields,
+    UnsupportedSGLangFields,
+    UsageInfo,
+)
 from sglang.srt.entrypoints.openai.sampling import (
     check_choice_params,
     for_choice,
@@ -33,6 +37,7 @@ from sglang.srt.entrypoints.openai.sampling import (
 from sglang.srt.entrypoints.openai.stream_chunks import stamp_usage
 from sglang.srt.entrypoints.openai.usage import usage_of
 from sglang.srt.managers.tokenizer_manager import INLINE_TOKENIZE_CHARS
+from sglang.srt.sampling.param_types import InvalidParamError
 
 if TYPE_CHECKING:
     from sglang.srt.managers.io_struct import GenerateReqInput
@@ -124,6 +129,15 @@ def check_model_name(tokenizer_manager: Any, model: str) -> None:
         )
 
 
+def check_dp_routing(tokenizer_manager: Any, request: UnsupportedSGLangFields) -> None:
+    """A 400 naming SGLang's DP-rank routing field where the request sets one this
+    server cannot honour (UnsupportedSGLangFields.check_dp_routing)."""
+    try:
+        request.check_dp_routing(getattr(tokenizer_manager, "num_dp_ranks", 1))
+    except InvalidParamError as exc:
+        raise APIError(str(exc), param=exc.param, code="unsupported") from None
+
+
 def prompt_fields(prompt: str | list[int]) -> dict[str, Any]:
     """A text or token-id prompt as GenerateReqInput's `text` or `input_ids`."""
     return {"text": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
@@ -189,6 +203,7 @@ class OpenAIServingBase(ABC):
 
     async def handle(self, request: SamplingFields, raw_request: Request | None) -> Response:
         self.check_model(request.model)
+        check_dp_routing(self.tokenizer_manager, request)
         if self.prompt_chars(request) > INLINE_TOKENIZE_CHARS:  # keep the loop serving
             prepared = await asyncio.to_thread(self.prepare, request)
         else:

@@ -38,6 +38,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 )
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_STATUS,
+    check_dp_routing,
     check_input_count,
     check_model_name,
     choice_rids,
@@ -104,6 +105,7 @@ class OpenAIServingEmbedding:
 
     async def handle(self, request: EmbeddingRequest, raw_request: Request | None) -> Response:
         check_model_name(self.tokenizer_manager, request.model)
+        check_dp_routing(self.tokenizer_manager, request)
         if not self.tokenizer_manager.is_embedding:
             raise APIError(EMBEDDING_REFUSED, param="model", code="model_not_embedding")
         objs = self.prepare(request)
@@ -115,6 +117,7 @@ class OpenAIServingEmbedding:
 
     async def handle_native(self, request: EncodeRequest, raw_request: Request | None) -> Response:
         """/encode: each prompt's `{"embedding", "meta_info"}`; a list for a list."""
+        check_dp_routing(self.tokenizer_manager, request)
         if not self.tokenizer_manager.is_embedding:
             raise APIError(EMBEDDING_REFUSED, param=None, code="model_not_embedding")
         field = request.prompt_field()

@@ -21,6 +21,7 @@ from sglang.srt.entrypoints.openai.fanout import ChoiceFanout, ClientDisconnecte
 from sglang.srt.entrypoints.openai.protocol import UnsupportedSGLangFields
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_STATUS,
+    check_dp_routing,
     mark_samples,
     new_request_id,
     open_stream,
@@ -187,6 +188,7 @@ class NativeServing:
         self.metrics = metrics
 
     async def handle(self, request: GenerateRequest, raw_request: Request | None) -> Response:
+        check_dp_routing(self.tokenizer_manager, request)
         objs = build_inputs(request)
         fanout = ChoiceFanout(self.tokenizer_manager, objs, self.metrics, raw_request)
         try:
