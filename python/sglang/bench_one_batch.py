@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang.bench_args import at_least_one
-from sglang.srt.server_args import ServerArgs, build_parser, server_args_from_namespace
+from sglang.srt.server_args import prepare_server_args
 
 logger = logging.getLogger("sglang.bench_one_batch")
 PROG = "python -m sglang.bench_one_batch"
@@ -79,12 +79,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchArgs, list[str]]:
     ns, server_argv = parser.parse_known_args(argv)
     bench = BenchArgs(ns.batch_size, ns.input_len, ns.output_len, not ns.no_hf, ns.seed)
     return bench, server_argv
-
-
-def parse_server_args(server_argv: list[str]) -> ServerArgs:
-    """The server's flags; a wrong one exits 2 with this script's usage."""
-    parser = build_parser(prog=PROG)
-    return server_args_from_namespace(parser, parser.parse_args(server_argv))
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -190,7 +184,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     bench, server_argv = parse_args(argv)
-    publish(parse_server_args(server_argv), role="scheduler")
+    publish(prepare_server_args(server_argv, prog=PROG), role="scheduler")
     worker = TpModelWorker()
     check_lengths(bench, worker.model_runner.context_len)
     logger.info("%s, torch threads %d", worker.model_config, torch.get_num_threads())

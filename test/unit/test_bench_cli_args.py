@@ -66,7 +66,7 @@ def test_bench_one_batch_refuses_counts_below_one(flag, values, capsys):
 def test_bench_one_batch_names_itself_for_an_unknown_flag(capsys):
     bench, server_argv = bench_one_batch.parse_args(["--bach-size", "4", "--input-len", "8"])
     assert bench.input_len == [8]
-    err = _refused(bench_one_batch.parse_server_args, server_argv, capsys)
+    err = _refused(bench_one_batch.main, ["--bach-size", "4", "--input-len", "8"], capsys)
     assert err == "python -m sglang.bench_one_batch: error: unrecognized arguments: --bach-size 4"
 
 

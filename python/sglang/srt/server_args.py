@@ -231,9 +231,10 @@ def build_parser(prog: str = "python -m sglang.launch_server") -> argparse.Argum
     return parser
 
 
-def prepare_server_args(argv: list[str]) -> ServerArgs:
-    """Parse launcher flags into an unresolved ServerArgs; bad flags exit 2 (argparse)."""
-    parser = build_parser()
+def prepare_server_args(argv: list[str], prog: str | None = None) -> ServerArgs:
+    """Parse launcher flags into an unresolved ServerArgs; bad flags exit 2 (argparse),
+    under `prog` (a bench script's name) where given."""
+    parser = build_parser(prog=prog) if prog is not None else build_parser()
     return server_args_from_namespace(parser, parser.parse_args(argv))
 
 

@@ -104,8 +104,6 @@ _NOT_IMPLEMENTED = {
     "embed_overrides": "embedding overrides are not supported by this server",
 }
 _NOT_IMPLEMENTED_DEFAULTS = {"routed_experts_start_len": 0}
-# The DP controller routes each request by --load-balance-method; with one DP rank the
-# only rank, 0, is accepted (SGLang ignores it there too).
 
 
 class ChildStartupError(RuntimeError):

@@ -119,14 +119,10 @@ def create_placement_group(server_args: Any) -> Any:
     bundle[f"node:{ray.util.get_node_ip_address()}"] = 0.001
     group = placement_group([dict(bundle)] * num_scheduler_ranks(server_args), strategy="PACK")
     try:
-        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-    except ray.exceptions.GetTimeoutError:
+        _wait_granted(ray, group)
+    except RuntimeError:
         remove_placement_group(group)
-        raise RuntimeError(
-            f"the Ray cluster did not grant {num_scheduler_ranks(server_args)} bundles of "
-            f"{bundle} within {PLACEMENT_TIMEOUT_S:.0f} s (ray.available_resources(): "
-            f"{ray.available_resources()})"
-        ) from None
+        raise
     return group
 
 
@@ -374,8 +370,8 @@ def _check_group_type(placement_group: Any) -> None:
 
 
 def _wait_granted(ray: Any, group: Any) -> None:
-    """Wait for the cluster to grant the caller's group (ours is granted already); a
-    RuntimeError naming the group's bundles past PLACEMENT_TIMEOUT_S."""
+    """Wait for the cluster to grant `group` (a caller's, or one create_placement_group
+    made); a RuntimeError naming its bundles past PLACEMENT_TIMEOUT_S."""
     try:
         ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:

@@ -81,20 +81,13 @@ def aborted_reason(message: str) -> dict[str, Any]:
 
 def invalid_request_reason(message: str, param: str | None) -> dict[str, Any]:
     """The abort finish reason of a request the runtime found invalid (HTTP 400)."""
-    reason = {"type": "abort", "matched": None, "message": message}
-    reason.update(status_code=INVALID_REQUEST_STATUS, param=param)
-    return reason
+    return {**aborted_reason(message), "status_code": INVALID_REQUEST_STATUS, "param": param}
 
 
 def internal_error_reason(exc: BaseException) -> dict[str, Any]:
     """The abort finish reason of a request that failed inside the runtime (HTTP 500)."""
     message = f"Internal error while processing this request: {type(exc).__name__}: {exc}"
-    return {
-        "type": "abort",
-        "matched": None,
-        "message": message,
-        "status_code": INTERNAL_ERROR_STATUS,
-    }
+    return {**aborted_reason(message), "status_code": INTERNAL_ERROR_STATUS}
 
 # /update_weights_from_disk's answer while a request runs (the TokenizerManager's and
 # each scheduler's): weights change only between requests.

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sglang.srt.managers.request_errors import aborted_reason
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
 from sglang.srt.sampling.penalties import RunningTokenCounts
 from sglang.srt.sampling.sampling_batch_info import has_penalty
@@ -39,7 +40,7 @@ def finish_stop(matched: int | str | None) -> dict[str, Any]:
 
 
 def finish_abort(message: str, status_code: int | None = None) -> dict[str, Any]:
-    reason: dict[str, Any] = {"type": "abort", "matched": None, "message": message}
+    reason = aborted_reason(message)
     if status_code is not None:
         reason["status_code"] = status_code
     return reason

@@ -24,7 +24,6 @@ from pydantic import BaseModel, ValidationError
 from sglang.srt.managers.io_struct import EmbeddingReqInput, TokenizedEmbeddingReqInput
 from sglang.srt.managers.request_errors import (
     RequestFailedError,
-    aborted_reason,
     raise_if_failed,
 )
 from sglang.srt.sampling.param_types import (
@@ -74,18 +73,11 @@ class TokenizerEmbeddingMixin:
 
     async def encode_request(self, obj: EmbeddingReqInput) -> dict[str, Any]:
         """One prompt's embedding: {"embedding": list[float], "meta_info": {...}}."""
-        from sglang.srt.managers.tokenizer_manager import ReqState
-
         self._check_alive()
         self.check_serves_embeddings()
         self._ensure_handle_loop()
-        with self._pending(obj) as pending:
-            tokenized = await self._tokenize_embedding_off_loop(obj)
-            await self._wait_for_weight_update()
-        state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
-        if pending.abort_message is not None:  # aborted before it reached the scheduler
-            state.finished_reason = aborted_reason(pending.abort_message)
-        else:
+        tokenized, state = await self._admit(obj, self._tokenize_embedding_off_loop)
+        if state.finished_reason is None:  # else aborted before it reached the scheduler
             await self._run_embedding(state, tokenized)
         if self.log_requests:  # --log-requests: one line per request, as for generation
             self._log_finished(state)

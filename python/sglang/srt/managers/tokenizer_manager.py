@@ -19,7 +19,7 @@ import os
 import pickle
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -334,12 +334,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self._check_alive()
         self.check_serves_generation()
         self._ensure_handle_loop()
-        with self._pending(obj) as pending:
-            tokenized = await self._tokenize_off_loop(obj)
-            await self._wait_for_weight_update()
-        state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
-        if pending.abort_message is not None:  # aborted before it reached the scheduler
-            state.finished_reason = aborted_reason(pending.abort_message)
+        tokenized, state = await self._admit(obj, self._tokenize_off_loop)
+        if state.finished_reason is not None:  # aborted before it reached the scheduler
             if self.log_requests:
                 self._log_finished(state)
             yield self._make_output(state)
@@ -351,6 +347,21 @@ class TokenizerManager(TokenizerEmbeddingMixin):
                 yield out
         finally:
             self._release(state)
+
+    async def _admit(
+        self,
+        obj: GenerateReqInput | EmbeddingReqInput,
+        tokenize: Callable[[Any], Awaitable[Any]],
+    ) -> tuple[Any, ReqState]:
+        """`obj` tokenized and past any weight update, with its state; the state is
+        finished (aborted) when an abort reached it meanwhile, before the scheduler."""
+        with self._pending(obj) as pending:
+            tokenized = await tokenize(obj)
+            await self._wait_for_weight_update()
+        state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
+        if pending.abort_message is not None:
+            state.finished_reason = aborted_reason(pending.abort_message)
+        return tokenized, state
 
     @contextlib.contextmanager
     def _pending(self, obj: GenerateReqInput | EmbeddingReqInput) -> Iterator[PendingRequest]:

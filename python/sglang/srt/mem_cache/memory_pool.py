@@ -101,18 +101,16 @@ class MHATokenToKVPool:
     ) -> None:
         """loc: int64[T]; k, v: [T, num_kv_heads, head_dim]."""
         kv = torch.stack((k, v), dim=1)
-        if self.dtype in FP8_DTYPES:
-            # saturated as the CPU kernel stores them (an inf would poison the slot), and
-            # copied as bytes: index_copy_ has no float8 CPU kernel
-            largest = torch.finfo(self.dtype).max
-            kv = kv.clamp(-largest, largest).to(self.dtype).view(torch.uint8)
+        largest = torch.finfo(self.dtype).max
+        if largest < torch.finfo(kv.dtype).max:
+            # a pool narrower than the compute (fp8; float16 under float32 / bf16)
+            # saturates as the CPU kernel's store does: a value stored as inf would poison
+            # every later step over the slot (a K past 65504 made them NaN)
+            kv = kv.clamp(-largest, largest)
+        if self.dtype in FP8_DTYPES:  # copied as bytes: index_copy_ has no float8 CPU kernel
+            kv = kv.to(self.dtype).view(torch.uint8)
             self.kv_buffer[layer_id].view(torch.uint8).index_copy_(0, loc, kv)
             return
-        if torch.finfo(self.dtype).max < torch.finfo(kv.dtype).max:
-            # a float16 pool under float32 / bf16 compute saturates too, as the kernel's
-            # store does: a K past 65504 stored as inf made every later step NaN
-            largest = torch.finfo(self.dtype).max
-            kv = kv.clamp(-largest, largest)
         self.kv_buffer[layer_id].index_copy_(0, loc, kv.to(self.dtype))
 
     @staticmethod

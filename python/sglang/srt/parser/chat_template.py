@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -280,7 +281,7 @@ def model_chat_templates(server_args: ServerArgs) -> dict[str, str]:
         raise ValueError(f"{field}={path!r}: cannot load its tokenizer: {exc}") from None
     templates = _named_templates(getattr(tokenizer, "chat_template", None))
     source = f"{field}={path!r}: its tokenizer's chat template"
-    return _usable({name: _shipped(text, f"{source} {name!r}") for name, text in templates.items()})
+    return _shipped(templates, lambda name: f"{source} {name!r}")
 
 
 def _local_chat_template(directory: Path) -> dict[str, str]:
@@ -288,14 +289,13 @@ def _local_chat_template(directory: Path) -> dict[str, str]:
     additional_chat_templates/NAME.jinja by name) replace tokenizer_config.json's."""
     files = _template_files(directory)
     if files:
-        return _usable({name: _shipped(path.read_text(encoding="utf-8"), str(path))
-                        for name, path in files.items()})  # fmt: skip
+        texts = {name: path.read_text(encoding="utf-8") for name, path in files.items()}
+        return _shipped(texts, lambda name: str(files[name]))
     config = directory / "tokenizer_config.json"
     if not config.is_file():
         return {}
     value = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
-    return _usable({name: _shipped(text, f"{config} (chat template {name!r})")
-                    for name, text in _named_templates(value).items()})  # fmt: skip
+    return _shipped(_named_templates(value), lambda name: f"{config} (chat template {name!r})")
 
 
 def _template_files(directory: Path) -> dict[str, Path]:
@@ -308,20 +308,19 @@ def _template_files(directory: Path) -> dict[str, Path]:
     return {name: path for name, path in files.items() if path.is_file()}
 
 
-def _shipped(template: str, source: str) -> str | None:
-    """The model's own template, checked: a bad one is logged at start-up (every chat
-    request with it will be a 400) and left out of parser detection, not refused: the
-    model still serves completions and the Engine, as with transformers, which renders
-    without checking."""
-    try:
-        return check_chat_template(template, source, SHIPPED_HINT)
-    except ValueError as exc:
-        logger.warning("%s", exc)
-        return None
-
-
-def _usable(templates: dict[str, str | None]) -> dict[str, str]:
-    return {name: text for name, text in templates.items() if text is not None}
+def _shipped(templates: dict[str, str], source_of: Callable[[str], str]) -> dict[str, str]:
+    """The model's own templates (by name; `source_of(name)` names where one came from)
+    that pass `check_chat_template`. A bad one is logged at start-up (every chat request
+    with it will be a 400) and left out of parser detection, not refused: the model still
+    serves completions and the Engine, as with transformers, which renders without
+    checking."""
+    usable = {}
+    for name, text in templates.items():
+        try:
+            usable[name] = check_chat_template(text, source_of(name), SHIPPED_HINT)
+        except ValueError as exc:
+            logger.warning("%s", exc)
+    return usable
 
 
 def _named_templates(value: Any) -> dict[str, str]:

@@ -92,6 +92,9 @@ ROUTING_REFUSED = (
     "routing a request to a chosen DP rank is not supported by this server "
     "(--load-balance-method picks the rank)"
 )
+# SGLang's per-request DP routing: the DP controller routes each request by
+# --load-balance-method; with one DP rank the only rank, 0, is accepted (SGLang ignores it
+# there too)
 DP_RANK_FIELDS = ("routed_dp_rank", "data_parallel_rank")
 
 

@@ -103,7 +103,7 @@ class OpenAIServingChat(OpenAIServingBase):
             params = {**params, "skip_special_tokens": False}
         request_id = new_request_id("chatcmpl")
         choices = plan_choices(request_id, request.rid, params, 1, request.n)
-        plan = self._output_plan(request, prompt)
+        plan = self._output_plan(request, prompt, parser)
         objs = [self._generate_input(request, plan, input_ids, p, rid) for _, p, rid in choices]
         mark_samples(objs, request_id, request.rid)
         streams = [ChoiceOutputStream(plan) for _ in objs] if request.stream else []
@@ -115,13 +115,15 @@ class OpenAIServingChat(OpenAIServingBase):
         """The messages' characters: prepare renders and tokenizes them."""
         return sum(len(str(m.content or "")) for m in request.messages)
 
-    def _output_plan(self, request: ChatCompletionRequest, prompt: str) -> ChatOutputPlan:
+    def _output_plan(
+        self, request: ChatCompletionRequest, prompt: str, tool_call_parser: str | None
+    ) -> ChatOutputPlan:
         """Read per request: the parsers in effect are this engine's, not the process's."""
         tm = self.tokenizer_manager
         reasoning_parser = tm.config_value("reasoning_parser")
         return plan_output(
             request,
-            tm.config_value("tool_call_parser"),
+            tool_call_parser,
             reasoning_parser,
             end_is_one_token=tm.reasoning_end_token_id(reasoning_parser) is not None,
             prompt=prompt,
