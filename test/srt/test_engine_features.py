@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from sglang.srt.managers.request_errors import InvalidRequestError, ServerOverloadedError
+from sglang.srt.managers.request_errors import ServerOverloadedError
 from sglang.test.pool_checks import idle_pool_problems
 
 pytestmark = pytest.mark.slow
@@ -359,22 +359,62 @@ def test_one_rid_for_a_batch_names_each_generation(engine):
     assert [o["meta_info"]["id"] for o in outs] == [f"pair-{k}" for k in range(4)]
 
 
+def wait_for_held(engine, count: int) -> None:
+    """Until the engine's scheduler holds `count` requests, running or queued."""
+    deadline = time.monotonic() + 30
+    while True:
+        state = engine.get_server_info()["internal_states"][0]
+        if state["num_running_reqs"] + state["num_queued_reqs"] >= count:
+            return
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+
+
 def test_queue_limit_rejects_with_clear_error(engine):
     """A full queue is an exception (HTTP: 429), never an empty 'successful' output;
     the Engine keeps serving after it."""
-    with pytest.raises(ServerOverloadedError, match="queue is full"):
-        engine.generate(["x = 1"] * 16, greedy(6))
+    busy = engine.generate(["x = 1"] * 10, greedy(200), stream=True)  # 4 running, 6 queued
+    next(busy)
+    try:
+        wait_for_held(engine, 10)
+        with pytest.raises(ServerOverloadedError, match="queue is full"):
+            engine.generate("x = 1", greedy(3))
+    finally:
+        busy.close()
     out = engine.generate("x = 1", greedy(3))
     assert out["meta_info"]["finish_reason"]["type"] == "length"
     # More samples than the queue limit (6), not more than it plus the 4 free running
     # slots: an idle engine takes them all.
     outs = engine.generate("x = 1", greedy(3, n=9))
     assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["length"] * 9
-    # More than both hold: no retry can fit it, so no "retry later" (it was a 429)
-    for params in (greedy(3, n=11), {**greedy(3, n=11), "regex": "[a-z]+"}):  # compiling too
-        with pytest.raises(InvalidRequestError, match="lower n") as refused:
-            engine.generate("x = 1", params)
-        assert refused.value.param == "n"
+
+
+@pytest.mark.parametrize(
+    "prompt,params,param",
+    [
+        ("x = 1", greedy(3, n=11), "n"),
+        ("x = 1", {**greedy(3, n=11), "regex": "[a-z]+"}, "n"),  # compiling too
+        (["x = 1"] * 11, greedy(3), "prompt"),  # a prompt list: it was a 429 when idle
+        (["x = 1"] * 6, greedy(3, n=2), "prompt"),
+    ],
+)
+def test_a_request_larger_than_slots_and_queue_is_invalid_even_when_busy(
+    engine, prompt, params, param
+):
+    """More generations than running slots (4) and queue (6) hold: no retry can fit it,
+    so a ValueError naming the field (HTTP: 400), never "retry later" (a 429), whether
+    the engine is idle or not."""
+    for busy in (False, True):
+        stream = engine.generate("x = 1", greedy(200), stream=True) if busy else None
+        try:
+            if stream is not None:
+                next(stream)
+            with pytest.raises(ValueError, match="more than the server holds") as refused:
+                engine.generate(prompt, params)
+            assert refused.value.param == param
+        finally:
+            if stream is not None:
+                stream.close()
 
 
 def test_abort_by_rid_and_stream_close_free_resources(engine):

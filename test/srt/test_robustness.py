@@ -236,6 +236,27 @@ def test_out_of_vocab_and_empty_prompts_are_400(server):
     assert "context length" in long_prompt.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/generate", {"text": ["x"] * 193, "sampling_params": GREEDY}, "text"),
+        ("/generate", {"input_ids": [[5]] * 97, "sampling_params": {**GREEDY, "n": 2}}, "input_ids"),
+        ("/generate", {"text": ["x", "y"], "sampling_params": {**GREEDY, "n": 100}}, "text"),
+        ("/v1/completions", {"model": "default", "prompt": ["x"] * 193, "max_tokens": 2}, "prompt"),
+        ("/v1/completions", {"model": "default", "prompt": ["x", "y"], "n": 100, "max_tokens": 2},
+         "prompt"),
+    ],
+)  # fmt: skip
+def test_a_request_larger_than_slots_and_queue_is_400_not_429(server, path, body, param):
+    """More generations than 64 running slots + 128 queued hold at once: no retry can fit
+    it. A prompt list was a 429 with Retry-After on every try (a loop for a retrying
+    client); now a 400 naming the field, idle or not."""
+    response = post(server, path, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and "more than the server holds" in error["message"]
+
+
 async def _generate_all(server, bodies: list[dict]) -> list[httpx.Response]:
     limits = httpx.Limits(max_connections=len(bodies))
     async with httpx.AsyncClient(base_url=server.base_url, timeout=120, limits=limits) as client:

@@ -68,6 +68,9 @@ class FakeTokenizerManager:
 
     # --- generation -------------------------------------------------------------------
 
+    def check_request_size(self, num_prompts: int, n: int, prompt_param: str) -> None:
+        """The fake has no --max-queued-requests: any size fits."""
+
     async def generate_request(self, obj):
         self.requests.append(obj)
         input_ids = self._input_ids(obj)

@@ -740,7 +740,10 @@ class Engine:
     ) -> Any:
         """dict (one prompt), list of dicts (a list, or n > 1), or an iterator when streaming."""
         options = _own_keywords("generate", options, RequestOptions.__annotations__, self._dp_ranks)
-        reqs, is_batch = _build_requests(prompt, sampling_params, input_ids, stream, **options)
+        reqs, is_batch = _build_requests(
+            prompt, sampling_params, input_ids, stream,
+            check_size=self.tokenizer_manager.check_request_size, **options,
+        )  # fmt: skip
         if stream:
             return self._stream_sync(reqs)
         results = self._run(self._gather(reqs))
@@ -757,7 +760,10 @@ class Engine:
         options = _own_keywords(
             "async_generate", options, RequestOptions.__annotations__, self._dp_ranks
         )
-        reqs, is_batch = _build_requests(prompt, sampling_params, input_ids, stream, **options)
+        reqs, is_batch = _build_requests(
+            prompt, sampling_params, input_ids, stream,
+            check_size=self.tokenizer_manager.check_request_size, **options,
+        )  # fmt: skip
         if stream:
             return self._stream_async(reqs)
         results = await self._arun(self._gather(reqs))
@@ -992,9 +998,11 @@ def _build_requests(
     input_ids: Any,
     stream: bool,
     rid: Any = None,
+    check_size: Callable[[int, int, str], None] | None = None,
     **options: Any,
 ) -> tuple[list[GenerateReqInput], bool]:
     """Expand prompts x n into single requests; returns (requests, is_batch).
+    `check_size(num_prompts, n, prompt_param)` may refuse the request's size first.
 
     Sample k of a seeded request samples with seed + k, as on the HTTP path. One rid
     string for several generations names them `<rid>-<k>` (k counting prompts x n, as
@@ -1004,6 +1012,8 @@ def _build_requests(
     items, is_list = _prompt_items(prompt, input_ids)
     params = [_split_samples(sp) for sp in params_per_prompt(sampling_params, len(items))]
     check_same_n([n for _, n in params])
+    if check_size is not None:
+        check_size(len(items), params[0][1], "prompt" if prompt is not None else "input_ids")
     # return_logprob, top_logprobs_num, ...: one value, or one per prompt
     options_of = {name: option_per_prompt(name, value, len(items)) for name, value in options.items()}
     rids = sample_rids(rid, [n for _, n in params])

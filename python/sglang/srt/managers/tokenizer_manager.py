@@ -56,6 +56,7 @@ from sglang.srt.managers.request_errors import (
 )
 from sglang.srt.managers.tokenizer_embedding import TokenizerEmbeddingMixin
 from sglang.srt.parser.reasoning_parser import reasoning_format
+from sglang.srt.runtime_context import get_schedule
 from sglang.srt.sampling.param_types import (
     MAX_TOP_LOGPROBS_NUM,
     Flag,
@@ -328,6 +329,27 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             raise ServerUnavailableError(self._dead_message)
 
     # ------------------------------------------------------------------ generate
+
+    def check_request_size(self, num_prompts: int, n: int, prompt_param: str) -> None:
+        """A 400 for a request of `num_prompts` x `n` generations that no retry can
+        fit: more than every DP rank's running slots and queue (--max-queued-requests)
+        hold at once. A full queue would answer each of its generations 429, retry
+        later, for ever. Names `prompt_param` for a prompt list, else n."""
+        max_queued = get_schedule().max_queued_requests
+        max_running = self.ready_info.get("max_running_requests")
+        if max_queued is None or max_running is None:
+            return
+        capacity = self.num_dp_ranks * (int(max_running) + max_queued)
+        if num_prompts * n <= capacity:
+            return
+        param = prompt_param if num_prompts > 1 else "n"
+        raise InvalidParamError(
+            f"{param}: this request's {num_prompts * n} generations ({num_prompts} prompts x "
+            f"n={n}) are more than the server holds at once ({capacity}: "
+            f"max_running_requests + max_queued_requests per DP rank); send fewer "
+            f"{'prompts' if num_prompts > 1 else 'samples'} per request",
+            param,
+        )
 
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
         """One request; yields cumulative dicts, the last with finish_reason set."""

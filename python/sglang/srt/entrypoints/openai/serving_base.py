@@ -138,6 +138,15 @@ def check_dp_routing(tokenizer_manager: Any, request: UnsupportedSGLangFields) -
         raise APIError(str(exc), param=exc.param, code="unsupported") from None
 
 
+def check_request_size(tokenizer_manager: Any, num_prompts: int, n: int, prompt_param: str) -> None:
+    """A 400 for a request of more generations than the server holds at once
+    (TokenizerManager.check_request_size), before any of them is queued."""
+    try:
+        tokenizer_manager.check_request_size(num_prompts, n, prompt_param)
+    except InvalidParamError as exc:
+        raise APIError(str(exc), param=exc.param, code="invalid_value") from None
+
+
 def prompt_fields(prompt: str | list[int]) -> dict[str, Any]:
     """A text or token-id prompt as GenerateReqInput's `text` or `input_ids`."""
     return {"text": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
@@ -208,6 +217,8 @@ class OpenAIServingBase(ABC):
             prepared = await asyncio.to_thread(self.prepare, request)
         else:
             prepared = self.prepare(request)
+        num_prompts = len(prepared.objs) // prepared.n
+        check_request_size(self.tokenizer_manager, num_prompts, prepared.n, "prompt")
         fanout = ChoiceFanout(
             self.tokenizer_manager,
             prepared.objs,

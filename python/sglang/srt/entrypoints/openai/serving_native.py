@@ -22,6 +22,7 @@ from sglang.srt.entrypoints.openai.protocol import UnsupportedSGLangFields
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_STATUS,
     check_dp_routing,
+    check_request_size,
     mark_samples,
     new_request_id,
     open_stream,
@@ -190,6 +191,10 @@ class NativeServing:
     async def handle(self, request: GenerateRequest, raw_request: Request | None) -> Response:
         check_dp_routing(self.tokenizer_manager, request)
         objs = build_inputs(request)
+        check_request_size(
+            self.tokenizer_manager, len(request.prompts()), request.num_samples(),
+            "text" if request.text is not None else "input_ids",
+        )  # fmt: skip
         fanout = ChoiceFanout(self.tokenizer_manager, objs, self.metrics, raw_request)
         try:
             if request.stream:
