@@ -1066,7 +1066,8 @@ def test_an_integer_past_64_bits_is_named_out_of_range(client):
 
 
 @pytest.mark.parametrize("field,value", [("priority", 5), ("lora_path", "adapter"),
-                                         ("return_hidden_states", True)])  # fmt: skip
+                                         ("return_hidden_states", True),
+                                         ("stop_regex", "[a-z]")])  # fmt: skip
 def test_sglang_fields_this_server_lacks_are_refused_not_ignored(client, field, value):
     # /generate refuses them as unknown fields; the OpenAI routes must not drop them
     for route, body in (("/v1/chat/completions", chat_body(max_tokens=2)),
@@ -1078,6 +1079,17 @@ def test_sglang_fields_this_server_lacks_are_refused_not_ignored(client, field, 
         assert client.post(route, json={**body, field: None}).status_code == 200
     assert client.post("/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 2,
                                                 "priority": None}).status_code == 200  # fmt: skip
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_vllms_include_stop_str_in_output_keeps_the_stop(client, tm, route):
+    # vLLM's name for no_stop_trim: it was ignored, the stop trimmed all the same
+    body = {"model": MODEL, "max_tokens": 4, "stop": ["x"], "include_stop_str_in_output": True}
+    body.update({"prompt": "a"} if route == "/v1/completions" else chat_body())
+    assert client.post(route, json=body).status_code == 200
+    assert tm.requests[-1].sampling_params["no_stop_trim"] is True
+    client.post(route, json={**body, "include_stop_str_in_output": False})
+    assert not tm.requests[-1].sampling_params.get("no_stop_trim")
 
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])

@@ -169,3 +169,37 @@ def test_a_stop_token_is_left_out_of_the_text(tokenizer, text, stream):
     expected = trim_incomplete_utf8(tokenizer.decode(ids[:-1]))
     assert detokenize(tokenizer, ids, finish, [], stream) == expected
     assert detokenize(tokenizer, ids, finish, [], stream, no_stop_trim=True) == text
+
+
+def byte_token(tokenizer, byte: int) -> int:
+    """The byte-level BPE token of one raw byte: GPT-2's byte-to-character alphabet
+    writes bytes 161-172 and 174-255 as the character of that code point."""
+    assert 161 <= byte <= 255 and byte != 173
+    return tokenizer.convert_tokens_to_ids(chr(byte))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_written_over_more_than_1024_tokens_is_found(tokenizer, stream):
+    # 520 x "é" as two byte tokens each: 1,040 tokens, within the 1,024-character limit
+    # of a stop string; the window reached 1,024 tokens back at most, so the request ran
+    # on and the whole stop stayed in its text
+    stop = "é" * 520
+    head = tokenizer.encode("head ", add_special_tokens=False)
+    ids = head + [byte_token(tokenizer, 0xC3), byte_token(tokenizer, 0xA9)] * 520
+    tail = tokenizer.encode(" tail", add_special_tokens=False)
+    out, finish = generate(tokenizer, ids + tail, [stop], max_new_tokens=2000)
+    assert finish == {"type": "stop", "matched": stop}
+    assert out == ids
+    assert detokenize(tokenizer, out, finish, [stop], stream) == "head "
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_replacement_character_stop_cuts_at_its_first_occurrence(tokenizer, stream):
+    # two stray bytes decode to two U+FFFD; the scheduler matches the first once the next
+    # token shows they are no unfinished character: the text was cut at the last one
+    stray = [byte_token(tokenizer, 0xFF)] * 2
+    ids = tokenizer.encode("alpha", add_special_tokens=False) + stray
+    ids += tokenizer.encode(" beta gamma", add_special_tokens=False)
+    out, finish = generate(tokenizer, ids, ["\ufffd"])
+    assert finish == {"type": "stop", "matched": "\ufffd"}
+    assert detokenize(tokenizer, out, finish, ["\ufffd"], stream) == "alpha"

@@ -75,8 +75,9 @@ STOP_WINDOW_MARGIN = 4
 STOP_TOKEN_WINDOW = 1 + STOP_WINDOW_MARGIN
 
 
-# How far back a stop window reaches at most, over tokens that decode to nothing.
-MAX_STOP_WINDOW_TOKENS = 1024
+# How many tokens that decode to nothing a stop window reaches over, at most, beyond
+# its own `window` counted tokens.
+MAX_STOP_WINDOW_SILENT_TOKENS = 1024
 
 
 def stop_window_tokens(stop_strs: Sequence[str]) -> int:
@@ -93,11 +94,12 @@ def stop_window_start(
 ) -> int:
     """Where in `ids` the stop window of `window` tokens begins, leaving out of the
     count the `silent` ones (special tokens, which a skip_special_tokens decode
-    drops: a stop may span a run of them); at most MAX_STOP_WINDOW_TOKENS back. A
+    drops: a stop may span a run of them), at most MAX_STOP_WINDOW_SILENT_TOKENS of
+    them (a stop of up to 1024 characters needs up to 4,100 counted tokens). A
     window never starts inside a run of `byte_ids` (byte_fallback_ids): decoded from
     its middle, a run can read as characters the whole text does not hold."""
     start, counted = len(ids), 0
-    floor = max(0, len(ids) - MAX_STOP_WINDOW_TOKENS)
+    floor = max(0, len(ids) - window - MAX_STOP_WINDOW_SILENT_TOKENS)
     while start > floor and counted < window:
         start -= 1
         counted += ids[start] not in silent
@@ -508,8 +510,13 @@ class IncrementalDetokenizer:
         tail = stop_window(state.ids, [stop], silent, self.byte_ids)
         offset = len(state.text) - len(decode(tail))  # the window ends text
         hit = find_stop(state.text, [stop], offset + last_token_start(decode, tail, len(tail)))
-        if hit is None:  # the window decoded apart from the whole text: the last one
-            idx = state.text.rfind(stop)
+        if hit is None:
+            # a stop ending before the last token's text: one with a U+FFFD, which the
+            # scheduler matches once a later token shows it is not an unfinished
+            # character; it took the window's first
+            idx = state.text.find(stop, max(offset, 0))
+            if idx < 0:  # the window decoded apart from the whole text: the last one
+                idx = state.text.rfind(stop)
             return idx if idx >= 0 else None
         return hit[0]
 

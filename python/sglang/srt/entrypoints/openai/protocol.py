@@ -85,6 +85,8 @@ _UNSUPPORTED_SGLANG_FIELDS = {
     "return_hidden_states": "return_hidden_states is not supported by this server",
     "custom_logit_processor": "custom logit processors are not supported by this server",
     "session_params": "sessions are not supported by this server",
+    "stop_regex": "stop_regex is not supported by this server; stop on strings (stop) or "
+    "token ids (stop_token_ids)",
 }
 
 
@@ -108,6 +110,7 @@ class UnsupportedSGLangFields(BaseModel):
     return_hidden_states: Any = None
     custom_logit_processor: Any = None
     session_params: Any = None
+    stop_regex: Any = None
     routed_dp_rank: Any = None
     data_parallel_rank: Any = None
 
@@ -156,6 +159,7 @@ class SamplingFields(NullTakesTheDefault, UnsupportedSGLangFields):
     skip_special_tokens: Flag = True
     stop_token_ids: TokenIds | None = None
     no_stop_trim: Flag = False
+    include_stop_str_in_output: Flag = False  # vLLM's name for no_stop_trim
     rid: RequestId | None = None
     # Structured output: accepted, answered 400 until a grammar backend serves it.
     regex: GrammarText | None = None

@@ -134,7 +134,7 @@ def sampling_params(request: SamplingFields, max_new_tokens: int | None) -> dict
         "stop_token_ids": request.stop_token_ids,
         "ignore_eos": request.ignore_eos,
         "skip_special_tokens": request.skip_special_tokens,
-        "no_stop_trim": request.no_stop_trim,
+        "no_stop_trim": request.no_stop_trim or request.include_stop_str_in_output,
         "logit_bias": request.logit_bias,
         "seed": request.seed,
         **constraint_params(request),
