@@ -553,3 +553,13 @@ def test_repetition_penalty_matches_hf_generate(engine, tiny_llama_dir):
                                     pad_token_id=0)  # fmt: skip
             hf.append(out[0, len(prompt) :].tolist())
     assert ours == hf
+
+
+def test_a_minimum_past_the_context_with_no_maximum_is_refused(engine):
+    """max_new_tokens null runs to the context's end (256 here): a min_new_tokens past
+    it was accepted and silently unmet (`length` after the room)."""
+    with pytest.raises(ValueError, match="min_new_tokens") as refused:
+        engine.generate("x = 1", {"max_new_tokens": None, "min_new_tokens": 300})
+    assert refused.value.param == "sampling_params.min_new_tokens"
+    out = engine.generate("x = 1", {"max_new_tokens": None, "min_new_tokens": 200, "temperature": 0})
+    assert out["meta_info"]["completion_tokens"] >= 200

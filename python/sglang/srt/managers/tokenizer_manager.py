@@ -541,6 +541,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
                 "logprob_start_len",
             )
         self._check_length(len(input_ids), params.max_new_tokens, prompt_param)
+        self._check_min_fits(len(input_ids), params)
         self._fit_kv_pool(len(input_ids), params)
         return TokenizedGenerateReqInput(
             rid=obj.rid,
@@ -693,6 +694,19 @@ class TokenizerManager(TokenizerEmbeddingMixin):
                 f"{self.context_len} tokens: {input_len} in the input plus "
                 f"{max_new_tokens} max_new_tokens.",
                 "sampling_params.max_new_tokens",
+            )
+
+    def _check_min_fits(self, input_len: int, params: SamplingParams) -> None:
+        """max_new_tokens null runs to the context's end: a min_new_tokens past it could
+        never be met (it ended at the context with `length`, the minimum unmet). A set
+        max_new_tokens bounds it already (SamplingParams.verify)."""
+        room = self.context_len - input_len
+        if params.max_new_tokens is None and params.min_new_tokens > room:
+            raise InvalidParamError(
+                f"min_new_tokens ({params.min_new_tokens}) is more than the context leaves "
+                f"for output ({room} of {self.context_len} tokens after {input_len} in the "
+                "input)",
+                "sampling_params.min_new_tokens",
             )
 
     def abort_own_request(self, obj: GenerateReqInput) -> None:
