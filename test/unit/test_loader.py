@@ -272,6 +272,23 @@ def test_update_weights_from_disk(tmp_path):
     torch.testing.assert_close(last_logits(), hf_logits(hf_b, PROMPT)[-1], atol=1e-4, rtol=0)
 
 
+def test_an_update_that_caps_the_context_lower_is_refused(tmp_path):
+    # a sliding window this model type runs as a cap on the context: the update was
+    # accepted and its requests ran full attention past the window, under the old limit
+    from transformers import LlamaConfig
+
+    good, windowed = tmp_path / "good", tmp_path / "windowed"
+    _save_hf(good, _config("llama"))
+    _save_hf(windowed, LlamaConfig(**SMALL, sliding_window=16, use_sliding_window=True))
+    with get_context().override_server_args(
+        model_path=str(good), device="cpu", max_total_tokens=256, max_running_requests=4
+    ):
+        worker = TpModelWorker(ModelConfig(str(good)))
+    assert worker.context_len > 16
+    ok, message = worker.update_weights_from_disk(str(windowed))
+    assert not ok and "context length is 16 tokens" in message, message
+
+
 @pytest.mark.parametrize("dropped", ["model.layers.1.self_attn.k_proj.weight",
                                      "model.layers.0.mlp.up_proj.weight"])  # fmt: skip
 def test_a_missing_part_of_a_fused_weight_is_refused(tmp_path, dropped):

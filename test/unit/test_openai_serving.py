@@ -509,6 +509,9 @@ def test_readback_after_update_weights(client):
     assert info["internal_states"][0]["model_path"] == "/models/new"
     bad = client.post("/update_weights_from_disk", json={"model_path": "/missing/x"})
     assert_error(bad, 400, "model_path")
+    # an unknown format is the field's error (it was reported as model_path's)
+    bogus = client.post("/update_weights_from_disk", json={"model_path": "/m", "load_format": "gguf"})
+    assert "unsupported load format" in assert_error(bogus, 400, "load_format")["message"]
 
 
 def test_flush_and_abort(client, tm, monkeypatch):

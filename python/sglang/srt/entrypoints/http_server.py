@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool
 
 from sglang import __version__
+from sglang.srt.arg_groups.model import LOAD_FORMAT_CHOICES
 from sglang.srt.entrypoints.http_protocol import GuardedHttpToolsProtocol
 from sglang.srt.entrypoints.openai.errors import (
     BYTES_PER_MIB,
@@ -390,7 +391,7 @@ async def abort_request(raw_request: Request) -> dict[str, Any]:
 class UpdateWeightsBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model_path: str
-    load_format: str | None = None
+    load_format: str | None = None  # --load-format's choices; "" or null: auto
     abort_all_requests: StrictBool = False  # SGLang's: abort what runs, then update
     # SGLang's; the prefix cache holds the old weights' KV, so an update always drops it
     flush_cache: StrictBool = True
@@ -399,6 +400,13 @@ class UpdateWeightsBody(BaseModel):
 @router.post("/update_weights_from_disk")
 async def update_weights_from_disk(raw_request: Request) -> Response:
     body = await parse_body(raw_request, UpdateWeightsBody)
+    if body.load_format and body.load_format not in LOAD_FORMAT_CHOICES:
+        raise APIError(
+            f"unsupported load format {body.load_format!r}; supported: "
+            f"{', '.join(LOAD_FORMAT_CHOICES)}",
+            400,
+            param="load_format",
+        )
     if not body.flush_cache:
         raise APIError(
             "flush_cache false is not supported: the prefix cache holds KV computed with "

@@ -367,6 +367,7 @@ class ModelRunner:
             model_path, context_length=self.context_len, dtype=self.model_config.dtype
         )
         _check_same_shape(self.model_config, new_config)
+        _check_context_kept(self.context_len, new_config)
         model = self._load_model(new_config, load_format or "auto")
         if not self.settings.is_embedding and getattr(model, "has_lm_head", True) is False:
             raise ValueError(
@@ -393,6 +394,18 @@ def _check_same_shape(old: ModelConfig, new: ModelConfig) -> None:
     diff = [k for k in keys if getattr(old, k) != getattr(new, k)]
     if diff:
         raise ValueError(f"new weights differ from the running model in: {', '.join(diff)}")
+
+
+def _check_context_kept(running_context_len: int, new: ModelConfig) -> None:
+    """The scheduler and the tokenizer keep the running context length: new weights that
+    cap it lower (a sliding window a model type's attention here runs as a cap) would run
+    past their window, silently wrong."""
+    if new.context_len < running_context_len:
+        raise ValueError(
+            f"the new checkpoint's context length is {new.context_len} tokens (its config "
+            f"caps it), below the {running_context_len} this server runs with; start a "
+            "server on it instead"
+        )
 
 
 def cpu_default_pool_size(

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from sglang.srt import huge_pages
+from sglang.srt.arg_groups.model import LOAD_FORMAT_CHOICES
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.environ import envs
 from sglang.srt.layers import cpu_kernels, weight_panels
@@ -26,8 +27,6 @@ from sglang.srt.model_loader.weight_utils import (
 from sglang.srt.models.registry import ModelRegistry
 
 logger = logging.getLogger(__name__)
-
-LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
 
 
 @contextlib.contextmanager
@@ -60,9 +59,9 @@ def get_model(
 ) -> nn.Module:
     """Build the model and load its weights from `model_path` (default: the config's)."""
     load_format = load_format or "auto"
-    if load_format not in LOAD_FORMATS:
+    if load_format not in LOAD_FORMAT_CHOICES:
         raise ValueError(
-            f"unsupported load format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}"
+            f"unsupported load format {load_format!r}; supported: {', '.join(LOAD_FORMAT_CHOICES)}"
         )
     model = build_model(model_config, device, tp_rank, tp_size)
     files = None  # dummy weights: no files, the config's dtype stands
