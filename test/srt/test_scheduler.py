@@ -491,3 +491,34 @@ def test_require_reasoning_constrains_only_after_the_end_token(tiny_llama_dir, p
     assert gated_ids[3:] != free[3 : len(gated_ids)]  # then the grammar's
     assert plain_ids[:3] != free[:3]  # a grammar from the first token shapes those too
     assert sched.tokenizer.decode(gated_ids[3:4]).lstrip().startswith("{")
+
+
+def test_the_tokenizers_eos_ends_a_generation_the_config_names_another(tiny_llama_dir, tmp_path):
+    # config.json names <|endoftext|> and no generation_config.json names more: a chat
+    # model's turns end with the tokenizer's eos (<|im_end|>), which ran on to `length`
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path / "eos0"
+    shutil.copytree(tiny_llama_dir, model_dir)
+    (model_dir / "generation_config.json").unlink(missing_ok=True)
+    config = json.loads((model_dir / "config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    config["eos_token_id"] = 0
+    assert tokenizer.eos_token_id not in (None, 0)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    sched, ctx = make_scheduler(str(model_dir), tokenizer=tokenizer)
+    try:
+        params = SamplingParams(max_new_tokens=5, temperature=0.0,
+                                logit_bias={str(tokenizer.eos_token_id): 100.0})  # fmt: skip
+        params.normalize()
+        sched.recv_from_tokenizer.send(TokenizedGenerateReqInput(
+            rid="eos", input_text=None, input_ids=[5, 6, 7], sampling_params=params))  # fmt: skip
+        got = run_until_idle(sched)
+        ids = [i for chunk, _ in got["eos"] for i in chunk]
+        assert ids == [tokenizer.eos_token_id]
+        assert got["eos"][-1][1] == {"type": "stop", "matched": tokenizer.eos_token_id}
+    finally:
+        ctx.restore()

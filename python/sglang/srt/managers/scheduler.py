@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -55,6 +56,18 @@ class DecodeStep:
     def __init__(self, out_cache_loc: torch.Tensor) -> None:
         self.out_cache_loc = out_cache_loc  # int64[bs]
 
+
+
+def stop_eos_ids(config_eos_ids: Iterable[int] | None, tokenizer: Any) -> set[int]:
+    """The ids that end a generation (unless ignore_eos): the model's (config.json,
+    generation_config.json) and the tokenizer's eos_token_id, as SGLang and vLLM stop
+    on both (a chat model whose config names <|endoftext|> ends its turns with the
+    tokenizer's <|im_end|>). Without a tokenizer (--skip-tokenizer-init), the model's."""
+    ids = set(config_eos_ids or ())
+    tokenizer_eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(tokenizer_eos, int):
+        ids.add(tokenizer_eos)
+    return ids
 
 class Scheduler(
     SchedulerAdmissionMixin,
@@ -125,7 +138,7 @@ class Scheduler(
         self._agree_across_ranks()
         self.device = getattr(runner, "device", "cpu")
         self.context_len = self.model_config.context_len
-        self.eos_token_ids = set(self.model_config.eos_token_ids or ())
+        self.eos_token_ids = stop_eos_ids(self.model_config.eos_token_ids, self.tokenizer)
         self.vocab_size = self.model_config.vocab_size
         if self.disable_radix_cache:
             self.tree_cache = ChunkCache(self.req_to_token_pool, self.allocator)
