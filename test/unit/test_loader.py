@@ -341,3 +341,11 @@ def test_a_model_dir_without_tokenizer_files_says_what_to_pass(tmp_path):
     with get_context().override_server_args(model_path=str(tmp_path), device="cpu"):
         with pytest.raises(ValueError, match="holds no tokenizer files.*--tokenizer-path"):
             load_tokenizer()
+    # the operator passed --tokenizer-path already: not "pass --tokenizer-path DIR"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with get_context().override_server_args(
+        model_path=str(tmp_path), tokenizer_path=str(empty), device="cpu"
+    ):
+        with pytest.raises(ValueError, match="point --tokenizer-path at a directory"):
+            load_tokenizer()

@@ -17,6 +17,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.request_errors import RequestFailedError, error_of_finish
 from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager
+from sglang.srt.sampling.param_types import InvalidParamError
 
 
 class _Recorder:
@@ -301,3 +302,31 @@ def test_a_request_the_runtime_refuses_is_logged_once_with_its_outcome(caplog):
             asyncio.run(run())
     lines = [r.getMessage() for r in caplog.records if "request full:" in r.getMessage()]
     assert len(lines) == 1 and "queue is full" in lines[0]
+
+
+def test_a_text_the_tokenizer_encodes_past_the_models_vocabulary_names_text():
+    # a --tokenizer-path whose added tokens lie past the model's vocabulary: the 400
+    # named input_ids, which the request did not send
+    tm = _bare_manager()
+    tm.tokenizer = types.SimpleNamespace(encode=lambda text: [3, 9000, 4])
+    tm.model_config = types.SimpleNamespace(vocab_size=8192)
+    tm.allow_auto_truncate = False
+    tm.context_len, tm._max_token_chars = 64, 16
+    with pytest.raises(InvalidParamError, match="does not match the model") as refused:
+        tm._input_ids(GenerateReqInput(text="hi <think>"))
+    assert refused.value.param == "text" and "9000" in str(refused.value)
+    with pytest.raises(InvalidParamError, match=r"token ids in \[0, 8192\)") as refused:
+        tm._input_ids(GenerateReqInput(input_ids=[3, 9000]))
+    assert refused.value.param == "input_ids"
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_named_at_start_up(caplog):
+    from sglang.srt.managers.tokenizer_manager import _warn_if_tokenizer_outgrows
+
+    with caplog.at_level(logging.WARNING):
+        _warn_if_tokenizer_outgrows([0] * 8196, 8192)
+        _warn_if_tokenizer_outgrows([0] * 8000, 8192)  # a padded vocabulary is fine
+    assert [r.message for r in caplog.records if "tokenizer has" in r.message] == [
+        "the tokenizer has 8196 tokens, the model's vocabulary 8192: a prompt that encodes "
+        "to an id past it is refused (does --tokenizer-path match the model?)"
+    ]

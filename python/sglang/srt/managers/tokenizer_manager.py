@@ -56,7 +56,7 @@ from sglang.srt.managers.request_errors import (
 )
 from sglang.srt.managers.tokenizer_embedding import TokenizerEmbeddingMixin
 from sglang.srt.parser.reasoning_parser import reasoning_format
-from sglang.srt.runtime_context import get_schedule
+from sglang.srt.runtime_context import get_model, get_schedule
 from sglang.srt.sampling.param_types import (
     MAX_TOP_LOGPROBS_NUM,
     Flag,
@@ -86,8 +86,6 @@ def load_tokenizer() -> Any:
     """The HF tokenizer named by the published `model` bag (None if skipped)."""
     from transformers import AutoTokenizer
 
-    from sglang.srt.runtime_context import get_model
-
     model = get_model()
     if model.skip_tokenizer_init:
         return None
@@ -99,11 +97,27 @@ def load_tokenizer() -> Any:
     except (OSError, ValueError) as exc:
         local = Path(os.path.expanduser(path))
         if local.is_dir() and not any((local / name).exists() for name in TOKENIZER_FILES):
+            fix = (
+                "point --tokenizer-path at a directory that holds them"
+                if model.tokenizer_path
+                else "pass --tokenizer-path DIR"
+            )
             raise ValueError(
-                f"{str(path)!r} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}): pass "
-                "--tokenizer-path DIR, or --skip-tokenizer-init to send token ids"
+                f"{str(path)!r} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}): "
+                f"{fix}, or --skip-tokenizer-init to send token ids"
             ) from exc
         raise
+
+
+def _warn_if_tokenizer_outgrows(tokenizer: Any, vocab_size: int) -> None:
+    """A tokenizer with ids past the model's vocabulary (a --tokenizer-path of another
+    model): each prompt holding one is refused; say so once at start-up."""
+    if tokenizer is not None and len(tokenizer) > vocab_size:
+        logger.warning(
+            "the tokenizer has %d tokens, the model's vocabulary %d: a prompt that encodes "
+            "to an id past it is refused (does --tokenizer-path match the model?)",
+            len(tokenizer), vocab_size,
+        )  # fmt: skip
 
 
 def load_tokenizer_in_child() -> Any:
@@ -237,6 +251,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self.model_config = ModelConfig.from_server_args()
         ready_info = dict(ready_info)
         self.tokenizer = _tokenizer_from(ready_info.pop("tokenizer_pickle", None))
+        _warn_if_tokenizer_outgrows(self.tokenizer, self.model_config.vocab_size)
         self.model_path = get_model().model_path
         self.served_model_name = get_serving().served_model_name or self.model_path
         # detokenizer_mode inline: the schedulers' token ids come here, no process between
@@ -601,6 +616,14 @@ class TokenizerManager(TokenizerEmbeddingMixin):
             raise InvalidParamError("the prompt is empty", param)
         vocab = self.model_config.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
+            if param == "text":  # the tokenizer's, past the model's (a --tokenizer-path)
+                bad = sorted({t for t in ids if t >= vocab})
+                raise InvalidParamError(
+                    f"the tokenizer encodes this text to token ids the model does not have "
+                    f"({', '.join(map(str, bad[:5]))}; the model's vocabulary is [0, "
+                    f"{vocab})): the tokenizer does not match the model",
+                    "text",
+                )
             raise InvalidParamError(f"input_ids must be token ids in [0, {vocab})", "input_ids")
         return self.truncate_prompt(ids, obj.rid) if self.allow_auto_truncate else ids
 
