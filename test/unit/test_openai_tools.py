@@ -84,17 +84,25 @@ def _on_event_loop() -> bool:
 
 @dataclass
 class ScriptedTokenizerManager(FakeTokenizerManager):
-    """The model writes `script` one character per step, then its EOS token."""
+    """The model writes `script` one character per step, then its EOS token; a stop
+    string of the request ends it there (trimmed from the text)."""
 
     script: str = ""
 
     async def _decode(self, obj, input_ids, params):
         max_new = params.get("max_new_tokens", 128)
+        stops = params.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else stops
         text, ids = "", []
         for char in self.script[:max_new]:
             await asyncio.sleep(self.step_delay_s)
             text += char
             ids.append(ord(char) % 256)
+            hit = next((stop for stop in stops if stop in text), None)
+            if hit is not None:
+                cut = text[: text.index(hit)]
+                yield self._output(obj, input_ids, cut, ids, {"type": "stop", "matched": hit})
+                return
             if len(ids) < min(len(self.script), max_new):
                 yield self._output(obj, input_ids, text, ids, None)
         reason = EOS if len(self.script) <= max_new else {"type": "length", "matched": None}
@@ -394,6 +402,26 @@ def test_required_cut_after_a_call_gives_the_streamed_calls(serve, cut):
     assert calls[0] == ("get_time", '{"tz": "UTC"}')
     events = stream_events(client, tools=TOOLS, tool_choice="required", max_tokens=cut)
     assert [(c["name"], c["arguments"]) for c in streamed_calls(events)] == calls
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_inside_a_forced_call_is_a_stop_not_finished_calls(serve, stream):
+    """A stop string of the request cut the forced call's arguments (`{"city": "`): it
+    was reported `"tool_calls"`, a finished call, with matched_stop dropped."""
+    client = serve(make_tm(REQUIRED_OUT))
+    request = {"tools": TOOLS, "tool_choice": "required", "stop": ["Oslo"]}
+    if stream:
+        events = stream_events(client, **request)
+        final = [e["choices"][0] for e in events if e["choices"]][-1]
+        assert final["finish_reason"] == "stop" and final["matched_stop"] == "Oslo"
+        return
+    choice = chat(client, **request).json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["matched_stop"] == "Oslo"
+    calls = choice["message"]["tool_calls"]
+    assert calls[0]["function"]["arguments"] == '{"tz": "UTC"}'  # the finished call kept
+    # a stop string the forced output never meets: the calls finish as before
+    choice = chat(client, **{**request, "stop": ["@@"]}).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["matched_stop"] is None
 
 
 def test_required_stream_cut_before_a_call_is_text(serve):

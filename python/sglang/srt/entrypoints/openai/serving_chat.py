@@ -202,7 +202,7 @@ class OpenAIServingChat(OpenAIServingBase):
         meta = output["meta_info"]
         finish_reason, matched = finish_reason_of(meta)
         message = prepared.plan.parse_final(output["text"])
-        if message.tool_calls and finish_reason == "stop":
+        if message.tool_calls and _calls_ended(request, prepared, finish_reason, matched):
             finish_reason, matched = "tool_calls", None
         return ChatCompletionChoice(
             index=index,
@@ -244,6 +244,20 @@ class OpenAIServingChat(OpenAIServingBase):
         for i, delta in enumerate(deltas):
             yield chat_chunk(rid, model, index, delta, logprobs if i == 0 else None)
         if finish_reason is not None:
-            if stream.made_calls and finish_reason == "stop":
+            if stream.made_calls and _calls_ended(request, prepared, finish_reason, matched):
                 finish_reason, matched = "tool_calls", None
             yield chat_chunk(rid, model, index, DeltaMessage(), None, finish_reason, matched)
+
+
+def _calls_ended(
+    request: ChatCompletionRequest, prepared: ChatPrepared, finish_reason: str | None, matched: Any
+) -> bool:
+    """Whether a choice that made calls stopped as a `"tool_calls"` finish. Forced calls
+    (`"required"`, named) end where their grammar ends; a stop string or stop token id of
+    the request's cut them short, the last call's arguments unfinished: that stays a
+    `"stop"` naming the match, as a `max_tokens` cut stays `"length"`."""
+    if finish_reason != "stop":
+        return False
+    if prepared.plan.tool_mode != "constrained":
+        return True
+    return not isinstance(matched, str) and matched not in (request.stop_token_ids or ())
