@@ -1084,6 +1084,20 @@ def test_sglang_fields_this_server_lacks_are_refused_not_ignored(client, field, 
                                                 "priority": None}).status_code == 200  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "field,value",
+    [("functions", [{"name": "f", "parameters": {"type": "object"}}]), ("function_call", "auto"),
+     ("modalities", ["text", "audio"]), ("audio", {"voice": "alloy", "format": "wav"})],
+)  # fmt: skip
+def test_openai_chat_fields_this_server_cannot_answer_are_refused(client, field, value):
+    # they were ignored: legacy functions never called, audio never produced
+    error = assert_error(client.post("/v1/chat/completions", json=chat_body(**{field: value})),
+                         400, field)  # fmt: skip
+    assert "tools" in error["message"] or "text only" in error["message"]
+    ok = chat_body(modalities=["text"], functions=None, audio=None)
+    assert client.post("/v1/chat/completions", json=ok).status_code == 200
+
+
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_vllms_include_stop_str_in_output_keeps_the_stop(client, tm, route):
     # vLLM's name for no_stop_trim: it was ignored, the stop trimmed all the same

@@ -365,6 +365,30 @@ class ChatCompletionRequest(SamplingFields):
     # `reasoning_content` (and stream it as it comes, unless stream_reasoning is off).
     separate_reasoning: Flag = True
     stream_reasoning: Flag = True
+    # OpenAI fields whose answer this server cannot give: refused, not ignored
+    functions: Any = None  # legacy function calling
+    function_call: Any = None
+    modalities: Any = None  # ["text"] only
+    audio: Any = None
+
+    @field_validator("functions", "function_call")
+    @classmethod
+    def _legacy_functions(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            raise ValueError(
+                f"the legacy {info.field_name} is not supported: send the functions as "
+                "tools (and function_call as tool_choice)"
+            )
+        return value
+
+    @field_validator("modalities", "audio")
+    @classmethod
+    def _text_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.field_name == "modalities" and value in (None, ["text"]):
+            return value
+        if info.field_name == "audio" and value is None:
+            return value
+        raise ValueError("this server answers with text only (modalities [\"text\"]); no audio")
 
     @model_validator(mode="after")
     def _continue_or_open_a_turn(self) -> ChatCompletionRequest:
