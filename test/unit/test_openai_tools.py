@@ -1007,3 +1007,17 @@ def test_a_chat_with_tools_keeps_special_tokens_for_the_parser(serve, extra, ski
     tm = make_tm("ok", tool_call_parser="mistral")
     chat(serve(tm), **extra)
     assert tm.requests[0].sampling_params["skip_special_tokens"] is skips
+
+
+def test_reasoning_effort_reaches_the_template_as_a_variable(serve):
+    # OpenAI's reasoning_effort was ignored; templates with an effort setting read it
+    tm = make_tm("ok")
+    client = serve(tm)
+    assert chat(client, reasoning_effort="low").status_code == 200
+    assert tm.tokenizer.calls[-1]["reasoning_effort"] == "low"
+    kwargs = {"reasoning_effort": "high"}  # the explicit template kwarg wins
+    assert chat(client, reasoning_effort="low", chat_template_kwargs=kwargs).status_code == 200
+    assert tm.tokenizer.calls[-1]["reasoning_effort"] == "high"
+    assert chat(client).status_code == 200
+    assert "reasoning_effort" not in tm.tokenizer.calls[-1]
+    assert chat(client, reasoning_effort="extreme").status_code == 400

@@ -358,6 +358,9 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: ToolChoice | None = None  # default: "auto" with tools, else "none"
     parallel_tool_calls: Flag = True  # false: at most one call per choice
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's; rendered as the template variable `reasoning_effort` (as vLLM), which
+    # templates with an effort setting read and the others ignore
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     continue_final_message: Flag = False
     # vLLM's: open the assistant's turn in the prompt (default: unless continuing one)
     add_generation_prompt: Flag | None = None

@@ -146,7 +146,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 continue_final_message=request.continue_final_message,
                 add_generation_prompt=request.add_generation_prompt,
                 tools=template_tools(request),
-                extra_kwargs=request.chat_template_kwargs,
+                extra_kwargs=template_kwargs(request),
             )
         except ChatTemplateError as exc:
             raise APIError(str(exc), param=exc.param, code=exc.code) from exc
@@ -261,3 +261,11 @@ def _calls_ended(
     if prepared.plan.tool_mode != "constrained":
         return True
     return not isinstance(matched, str) and matched not in (request.stop_token_ids or ())
+
+
+def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any] | None:
+    """chat_template_kwargs, with reasoning_effort as a template variable where the
+    request sets it and the kwargs do not."""
+    if request.reasoning_effort is None:
+        return request.chat_template_kwargs
+    return {"reasoning_effort": request.reasoning_effort, **(request.chat_template_kwargs or {})}
