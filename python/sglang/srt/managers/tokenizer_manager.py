@@ -266,6 +266,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
 
         self.log_requests = bool(get_observability().log_requests)
         self.allow_auto_truncate = bool(get_serving().allow_auto_truncate)
+        self.max_queued_requests = get_schedule().max_queued_requests
         self.sampling_defaults = _model_sampling_defaults(
             self.model_config, get_serving().sampling_defaults
         )
@@ -350,7 +351,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         fit: more than every DP rank's running slots and queue (--max-queued-requests)
         hold at once. A full queue would answer each of its generations 429, retry
         later, for ever. Names `prompt_param` for a prompt list, else n."""
-        max_queued = get_schedule().max_queued_requests
+        max_queued = self.max_queued_requests
         max_running = self.ready_info.get("max_running_requests")
         if max_queued is None or max_running is None:
             return
