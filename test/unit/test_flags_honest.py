@@ -338,6 +338,8 @@ def test_more_flags_the_config_leaves_unread_warn(caplog, fields, message):
         ({"max_total_tokens": 5}, "max_total_tokens"),
         ({"max_total_tokens": 8192, "page_size": 16384}, "max_total_tokens"),
         ({"api_key": ""}, "api_key"),  # served without authentication
+        ({"api_key": "sk-pad "}, "api_key"),  # no client could ever send it
+        ({"api_key": "sk-\u00fc"}, "api_key"),  # only clients sending raw UTF-8 headers
         ({"served_model_name": ""}, "served_model_name"),
         ({"tokenizer_path": ""}, "tokenizer_path"),
         ({"dist_init_addr": "garbage"}, "dist_init_addr"),

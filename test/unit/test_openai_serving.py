@@ -646,6 +646,9 @@ def test_api_key(tm):
         assert client.get("/v1/models", headers={"Authorization": "bearer sekret"}).status_code == 200
         assert client.get("/v1/models", headers={"Authorization": "Bearersekret"}).status_code == 401
         assert client.get("/health/", follow_redirects=False).status_code != 401
+        # the first Authorization header counts, as Starlette reads it (the last did)
+        two = [("Authorization", "Bearer nope"), ("Authorization", "Bearer sekret")]
+        assert client.get("/v1/models", headers=two).status_code == 401
         # a browser's preflight is answered before the key is asked for (CORS, as SGLang)
         preflight = client.options("/v1/chat/completions", headers={
             "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
@@ -663,6 +666,12 @@ def test_405_names_the_allowed_methods_and_bodies_must_be_plain_utf8(client):
     gzipped = client.post("/v1/completions", content=b"\x1f\x8b\x08\x00",
                           headers={"Content-Encoding": "gzip"})  # fmt: skip
     assert assert_error(gzipped, 415)["code"] == "unsupported_media_type"
+    # a coding in any Content-Encoding header, or in Transfer-Encoding: not a UTF-8 400
+    for headers in ([("Content-Encoding", "identity"), ("Content-Encoding", "gzip")],
+                    [("Content-Encoding", "identity, br")],
+                    [("Transfer-Encoding", "gzip, chunked")]):  # fmt: skip
+        reply = client.post("/v1/completions", content=b"\x1f\x8b\x08\x00", headers=headers)
+        assert assert_error(reply, 415)["code"] == "unsupported_media_type", headers
     latin1 = client.post("/v1/completions", content='{"prompt": "caf\xe9"}'.encode("latin-1"))
     assert "the body is not UTF-8 (byte 15" in assert_error(latin1, 400)["message"]
 

@@ -98,6 +98,7 @@ def _check_ranges(c: Any) -> None:
     _check_num_threads(c.num_threads)
     _check_pool_floor(c)
     _check_non_empty(c)
+    _check_api_key(c.api_key)
     _check_dist_init_addr(c.dist_init_addr)
 
 
@@ -125,6 +126,19 @@ def _check_non_empty(c: Any) -> None:
     for name in NON_EMPTY_STRINGS:
         if getattr(c, name) == "":
             raise ValueError(f"{name}='' is not accepted; leave it out, or give a value")
+
+
+def _check_api_key(api_key: str | None) -> None:
+    """A key clients can send as `Authorization: Bearer <key>`: printable ASCII, no
+    surrounding whitespace (a padded key was accepted and no client could ever match it;
+    a non-ASCII one only clients that send raw UTF-8 headers)."""
+    if api_key is None:
+        return
+    if api_key != api_key.strip() or not all(" " <= ch <= "~" for ch in api_key):
+        raise ValueError(
+            "api_key=<not shown> is not accepted: it must be printable ASCII with no "
+            "leading or trailing whitespace (clients send it in an HTTP header)"
+        )
 
 
 def _check_dist_init_addr(addr: str | None) -> None:

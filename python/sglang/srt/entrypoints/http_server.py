@@ -138,8 +138,9 @@ class ApiKeyMiddleware:
         await error.response()(scope, receive, send)
 
     def _authorized(self, scope: dict) -> bool:
-        headers = dict(scope.get("headers") or [])
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        # the first Authorization header, as Starlette's (and SGLang's, vLLM's) reads it
+        value = next((v for k, v in scope.get("headers") or [] if k == b"authorization"), b"")
+        scheme, _, token = value.partition(b" ")
         # the scheme is case-insensitive (RFC 7235): `bearer KEY` is as good
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected)
 

@@ -175,17 +175,32 @@ def body_too_large(limit_bytes: int) -> APIError:
     )
 
 
+# codings a body may come in: a Content-Encoding of identity, a Transfer-Encoding of
+# chunked (which the HTTP parser undoes)
+_PLAIN_CODINGS = {"content-encoding": ("", "identity"), "transfer-encoding": ("", "identity", "chunked")}
+
+
+def _refuse_codings(headers: Any) -> None:
+    """415 for a compressed body (every Content-Encoding and Transfer-Encoding header,
+    each a comma-separated list): the body is read as it comes, never decoded."""
+    for name, plain in _PLAIN_CODINGS.items():
+        for value in headers.getlist(name):
+            for coding in value.split(","):
+                coding = coding.strip().lower()
+                if coding not in plain:
+                    raise APIError(
+                        f"{name.title()} {coding!r} is not supported: send the body "
+                        "uncompressed",
+                        415,
+                        code="unsupported_media_type",
+                    )
+
+
 async def read_body(raw_request: Request) -> bytes:
     """The body, refused (413) as soon as it passes the app's `max_request_body_bytes`:
     by its Content-Length before reading, or while reading a chunked one. A compressed
     body is refused (415): it is read as it comes, never decoded."""
-    encoding = raw_request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        raise APIError(
-            f"Content-Encoding {encoding!r} is not supported: send the body uncompressed",
-            415,
-            code="unsupported_media_type",
-        )
+    _refuse_codings(raw_request.headers)
     limit_bytes = raw_request.app.state.max_request_body_bytes
     declared = raw_request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit_bytes:
