@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bench, server_argv = parse_args(argv)
     publish(prepare_server_args(server_argv, prog=PROG), role="scheduler")
     worker = TpModelWorker()
-    check_lengths(bench, worker.model_runner.context_len)
+    runner = worker.model_runner
+    check_lengths(bench, runner.context_len)
+    check_fits_pool(bench, runner.max_total_num_tokens, runner.req_to_token_pool.size)
     logger.info("%s, torch threads %d", worker.model_config, torch.get_num_threads())
     hf_model = load_hf_for_bench(worker) if bench.run_hf else None
     return run(bench, worker, hf_model)
@@ -200,6 +202,23 @@ def check_lengths(bench: BenchArgs, context_len: int) -> None:
             raise ValueError(
                 f"--input-len {il} + --output-len {ol} is longer than the model's context "
                 f"length ({context_len}); pass --context-length or shorter lengths"
+            )
+
+
+def check_fits_pool(bench: BenchArgs, pool_tokens: int, request_slots: int) -> None:
+    """A ValueError naming the case whose batch the KV pool or its request slots cannot
+    hold at once (it failed on an assertion deep in the slot bookkeeping)."""
+    for bs, il, ol in itertools.product(bench.batch_size, bench.input_len, bench.output_len):
+        if bs > request_slots:
+            raise ValueError(
+                f"--batch-size {bs} is more than the {request_slots} request slots; pass "
+                "--max-running-requests or a smaller batch"
+            )
+        if bs * (il + ol) > pool_tokens:
+            raise ValueError(
+                f"--batch-size {bs} x (--input-len {il} + --output-len {ol}) tokens is more "
+                f"than the KV pool holds ({pool_tokens}); pass --max-total-tokens or smaller "
+                "shapes"
             )
 
 

@@ -136,7 +136,9 @@ def build_payload(args: argparse.Namespace, req: BenchRequest) -> tuple[str, dic
         "max_tokens": req.output_len,
         "temperature": 0.0,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        # usage on every chunk where the server can (SGLang's, vLLM's): the tokens each
+        # chunk carries, for per-token ITL; otherwise one token a chunk is assumed
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     if not args.disable_ignore_eos:
         payload["ignore_eos"] = True
@@ -145,14 +147,34 @@ def build_payload(args: argparse.Namespace, req: BenchRequest) -> tuple[str, dic
     return "/v1/completions", payload
 
 
-def _chunk_progress(backend: str, data: dict[str, Any]) -> tuple[bool, int | None, int | None]:
-    """(carries new text, prompt tokens, completion tokens) of one stream event."""
+@dataclass
+class ChunkProgress:
+    """What one stream event says of its request's progress."""
+
+    has_output: bool  # it carries generated tokens (not only a usage count)
+    prompt_tokens: int | None
+    completion_tokens: int | None  # so far (cumulative), where the server says
+    finish: str | None  # the finish reason's type, on the last event
+
+
+def _chunk_progress(backend: str, data: dict[str, Any]) -> ChunkProgress:
     if backend == "sglang":
         meta = data.get("meta_info", {})
-        return bool(data.get("text")), meta.get("prompt_tokens"), meta.get("completion_tokens")
+        finish = meta.get("finish_reason")
+        return ChunkProgress(
+            True,  # every native event is an output (a --skip-tokenizer-init one: ids)
+            meta.get("prompt_tokens"),
+            meta.get("completion_tokens"),
+            finish.get("type") if isinstance(finish, dict) else finish,
+        )
     usage = data.get("usage") or {}
-    has_text = any(c.get("text") for c in data.get("choices", []))
-    return has_text, usage.get("prompt_tokens"), usage.get("completion_tokens")
+    choices = data.get("choices") or [{}]
+    return ChunkProgress(
+        any(c.get("text") for c in choices),
+        usage.get("prompt_tokens"),
+        usage.get("completion_tokens"),
+        choices[0].get("finish_reason"),
+    )
 
 
 async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
@@ -226,18 +248,21 @@ async def _send_once(
                 if "error" in data:  # the server failed it mid-stream (then [DONE])
                     result.error = f"stream error: {str(data['error'])[:200]}"
                     return result
-                has_text, prompt_len, output_len = _chunk_progress(args.backend, data)
+                progress = _chunk_progress(args.backend, data)
                 now = time.perf_counter()
-                if has_text:
-                    if result.ttft_s == 0.0:
+                new_tokens = _new_tokens(progress, result.output_len)
+                if new_tokens and progress.has_output:  # not a closing usage count
+                    if not result.output_len:
                         result.ttft_s = now - start
-                    else:
-                        result.itl_s.append(now - last)
+                    else:  # a chunk of k tokens: k gaps of 1/k of its wait (as SGLang)
+                        result.itl_s.extend([(now - last) / new_tokens] * new_tokens)
                     last = now
-                result.prompt_len = prompt_len or result.prompt_len
-                result.output_len = output_len or result.output_len
+                result.output_len += new_tokens
+                result.prompt_len = progress.prompt_tokens or result.prompt_len
+                if progress.finish == "abort":  # cut short by the server (abort_request)
+                    result.error = f"aborted by the server after {result.output_len} tokens"
+                    return result
         result.latency_s = time.perf_counter() - start
-        result.output_len = result.output_len or len(result.itl_s) + 1
         result.success = True
     except CONNECTION_LOST_ERRORS as exc:
         result.error = repr(exc)
@@ -247,15 +272,23 @@ async def _send_once(
     return result
 
 
+def _new_tokens(progress: ChunkProgress, tokens_so_far: int) -> int:
+    """Tokens this event adds: by the server's count where it gives one, else one for an
+    event that carries output."""
+    if progress.completion_tokens is not None:
+        return max(progress.completion_tokens - tokens_so_far, 0)
+    return 1 if progress.has_output else 0
+
+
 # --- the run -------------------------------------------------------------------------------------
 
 
 async def _arrivals(requests: list[BenchRequest], rate: float, seed: int):
     rng = np.random.default_rng(seed)
-    for req in requests:
-        yield req
-        if rate != float("inf"):
+    for i, req in enumerate(requests):
+        if i and rate != float("inf"):  # no wait after the last: it is not in the run
             await asyncio.sleep(float(rng.exponential(1.0 / rate)))
+        yield req
 
 
 async def run_benchmark(
@@ -413,17 +446,35 @@ def default_model(args: argparse.Namespace) -> str:
     return _get_json(args, "/v1/models")["data"][0]["id"]
 
 
+def recorded_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's arguments as the output file keeps them: valid JSON (a rate of inf as
+    "inf", not a bare Infinity), the API key not written out."""
+    recorded = {}
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not np.isfinite(value):
+            value = str(value)
+        recorded[name] = "<set>" if name == "api_key" and value else value
+    return recorded
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.backend == "openai" and args.model is None:
-        args.model = default_model(args)
+        try:
+            args.model = default_model(args)
+        except (OSError, ValueError, LookupError) as exc:  # urllib's errors are OSErrors
+            sys.stderr.write(
+                f"bench_serving: cannot read the model name from {args.base_url}/v1/models "
+                f"({exc}); is the server up (and --api-key right)? Or pass --model\n"
+            )
+            return 2
     requests = random_requests(args, load_tokenizer(args))
     results, duration_s = asyncio.run(run_benchmark(args, requests))
     summary = summarize(results, duration_s)
     sys.stdout.write(format_report(args, summary) + "\n")
     if args.output_file:
         with open(args.output_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"args": vars(args), **summary}, default=str) + "\n")
+            f.write(json.dumps({"args": recorded_args(args), **summary}, default=str) + "\n")
     return 0 if summary["failed"] == 0 else 1
 
 

@@ -205,3 +205,89 @@ def test_bench_one_batch_refuses_lengths_past_the_context():
     check_lengths(BenchArgs([1], [500], [12], False, 0), 512)  # fits exactly
     with pytest.raises(ValueError, match="--input-len 600 \\+ --output-len 4 is longer"):
         check_lengths(BenchArgs([1], [128, 600], [4], False, 0), 512)
+
+
+def test_bench_one_batch_refuses_a_batch_the_pool_cannot_hold():
+    # an AssertionError ("out of request slots", "out of KV slots") deep in the bookkeeping
+    from sglang.bench_one_batch import BenchArgs, check_fits_pool
+
+    check_fits_pool(BenchArgs([4], [100], [28], False, 0), 512, 4)  # fits exactly
+    with pytest.raises(ValueError, match="--batch-size 5 is more than the 4 request slots"):
+        check_fits_pool(BenchArgs([1, 5], [8], [8], False, 0), 10_000, 4)
+    with pytest.raises(ValueError, match="is more than the KV pool holds \\(512\\)"):
+        check_fits_pool(BenchArgs([4], [100], [29], False, 0), 512, 4)
+
+
+def _results(server: _StreamServer, backend: str = "openai") -> list:
+    """bench_serving's per-request results of 3 requests, one at a time, against `server`."""
+    args = bench_serving.parse_args(["--base-url", f"http://127.0.0.1:{server.port}",
+                                     "--backend", backend, "--model", "m",
+                                     "--max-concurrency", "1"])  # fmt: skip
+    requests = [bench_serving.BenchRequest(prompt="x", prompt_len=3, output_len=4)] * 3
+    try:
+        return asyncio.run(bench_serving.run_benchmark(args, requests))[0]
+    finally:
+        server.stop()
+
+
+def test_itl_counts_each_token_of_a_chunk_not_each_chunk():
+    # a chunk of 3 tokens (the server merged steps, or --stream-interval 3) is 3 gaps of a
+    # third of its wait, as SGLang's bench_serving splits them: it was one 3x gap
+    events = [{"choices": [{"text": "a"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+              {"choices": [{"text": "bcd"}], "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
+              {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}]  # fmt: skip
+    for result in _results(_StreamServer(events=events, gap_s=0.03)):
+        assert result.success and result.output_len == 4
+        assert len(result.itl_s) == 3 and len(set(result.itl_s)) == 1
+    # a server without per-chunk usage: one token a chunk, the closing count no gap
+    for result in _results(_StreamServer()):
+        assert result.success and result.output_len == 2 and len(result.itl_s) == 1
+
+
+def test_a_native_stream_of_ids_only_is_timed():
+    # --skip-tokenizer-init streams output_ids and empty text: TTFT and ITL read 0.00
+    events = [{"text": "", "output_ids": [5] * (k + 1),
+               "meta_info": {"prompt_tokens": 3, "completion_tokens": k + 1,
+                             "finish_reason": {"type": "length"} if k == 2 else None}}
+              for k in range(3)]  # fmt: skip
+    for result in _results(_StreamServer(events=events, gap_s=0.02), backend="sglang"):
+        assert result.success and result.output_len == 3
+        assert result.ttft_s > 0 and len(result.itl_s) == 2 and min(result.itl_s) > 0
+
+
+@pytest.mark.parametrize("backend", ["openai", "sglang"])
+def test_a_request_the_server_aborts_is_a_failure(backend):
+    # /abort_request cut it: it was counted a success with a short output
+    if backend == "openai":
+        events = [{"choices": [{"text": "a", "finish_reason": None}]},
+                  {"choices": [{"text": "", "finish_reason": "abort"}]}]
+    else:
+        events = [{"text": "a", "meta_info": {"completion_tokens": 1, "finish_reason": None}},
+                  {"text": "a", "meta_info": {"completion_tokens": 1,
+                                              "finish_reason": {"type": "abort"}}}]  # fmt: skip
+    for result in _results(_StreamServer(events=events), backend=backend):
+        assert not result.success and "aborted by the server" in result.error
+
+
+def test_the_output_file_is_json_without_the_api_key(tmp_path):
+    summary = _bench_summary(_StreamServer(), tmp_path, "--api-key", "sk-secret")
+    text = (tmp_path / "bench.jsonl").read_text()
+    assert "sk-secret" not in text and summary["args"]["api_key"] == "<set>"
+    assert summary["args"]["request_rate"] == "inf"  # not a bare Infinity (not JSON)
+    json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+
+
+def test_no_arrival_wait_follows_the_last_request():
+    # at 0.001 req/s a wait is ~1,000 s: the run's duration counted one after the last
+    gen = bench_serving._arrivals([1], 0.001, seed=1)
+    assert asyncio.run(asyncio.wait_for(_collect(gen), 5)) == [1]
+
+
+async def _collect(gen) -> list:
+    return [item async for item in gen]
+
+
+def test_no_server_to_name_the_model_is_one_line_not_a_traceback(capsys):
+    argv = ["--base-url", f"http://127.0.0.1:{_free_port()}", "--backend", "openai"]
+    assert bench_serving.main(argv) == 2
+    assert "cannot read the model name" in capsys.readouterr().err
