@@ -177,7 +177,10 @@ def body_too_large(limit_bytes: int) -> APIError:
 
 # codings a body may come in: a Content-Encoding of identity, a Transfer-Encoding of
 # chunked (which the HTTP parser undoes)
-_PLAIN_CODINGS = {"content-encoding": ("", "identity"), "transfer-encoding": ("", "identity", "chunked")}
+_PLAIN_CODINGS = {
+    "content-encoding": ("", "identity"),
+    "transfer-encoding": ("", "identity", "chunked"),
+}
 
 
 def _refuse_codings(headers: Any) -> None:
