@@ -28,6 +28,7 @@ from sglang.srt.constrained.xgrammar_backend import MAX_JSON_WHITESPACE, XGramma
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.managers.scheduler_parts import grammar as grammar_part
 from sglang.srt.managers.scheduler_parts.grammar import SchedulerGrammarMixin
+from sglang.srt.managers.scheduler_parts.tensor_parallel import TpSync
 from sglang.srt.parser.function_call import tool_call_schema
 from sglang.srt.parser.function_call.strict_calls import strict_tools_tag
 from sglang.srt.runtime_context import get_exec, publish
@@ -370,6 +371,7 @@ class GrammarOnlyScheduler(SchedulerGrammarMixin):
     """The scheduler's grammar part alone, over a real tokenizer."""
 
     def __init__(self, tokenizer) -> None:
+        self.tp_sync = TpSync(1)
         self.waiting_queue, self.pending_outputs = [], []
         self.tokenizer, self.vocab_size = tokenizer, MODEL_VOCAB
         self.eos_token_ids = {tokenizer.convert_tokens_to_ids(EOS_TOKEN)}
@@ -400,6 +402,35 @@ def test_scheduler_falls_back_when_the_first_constraint_cannot_build_the_backend
         assert reason["status_code"] == 400 and reason["param"] == "sampling_params.regex"
         assert "xgrammar is unavailable (RuntimeError: vocabulary unreadable)" in reason["message"]
     assert get_exec().features.grammar_backend == "none"
+
+
+class OtherRankEnded:
+    """A TpSync of 2 ranks whose other rank ended each queued compile as `ready` says."""
+
+    tp_size = 2
+
+    def __init__(self, ready: list[int]) -> None:
+        self.ready = ready
+
+    def agree_min(self, values: list[int]) -> list[int]:
+        return [min(mine, other) for mine, other in zip(values, self.ready)]
+
+
+def test_tp_ranks_admit_a_constraint_only_where_every_rank_compiled_it(clean_context, tokenizer):
+    """Each rank compiles and times out on its own clock: one rank admitting a request
+    the other had failed ran a batch the other did not (its collectives hung for
+    SGLANG_DIST_TIMEOUT, then the server died). It fails on both, as a timeout."""
+    publish(ServerArgs(model_path="org/model", device="cpu"), role="test")
+    sched = GrammarOnlyScheduler(tokenizer)
+    sched.tp_sync = OtherRankEnded([0, 1])  # the other rank timed out on the first
+    first, second = req("first", regex="x+"), req("second", regex="y+")
+    second.reasoning_end_token_id = None
+    assert sched.submit_if_constrained(first) and sched.submit_if_constrained(second)
+    sched.admit_compiled_grammars(block_s=5.0)
+    assert sched.waiting_queue == [second] and first.grammar is None
+    (failed,) = sched.pending_outputs
+    assert failed is first and failed.finished_reason["status_code"] == 400
+    assert "SGLANG_GRAMMAR_TIMEOUT" in failed.finished_reason["message"]
 
 
 def test_mask_covers_constrained_rows_only_in_the_sampler(backend, tokenizer):

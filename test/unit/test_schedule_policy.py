@@ -53,6 +53,19 @@ def test_a_request_waiting_past_the_bound_goes_first_under_prefix_policies(polic
     assert {r.rid for r in ordered} == {r.rid for r in reqs}
 
 
+def test_waiting_is_measured_at_the_schedulers_step_time_not_each_ranks_clock():
+    # under TP every rank orders the queue: each read its own clock, and a rank that
+    # ran late moved a request first that the others did not (a collective mismatch)
+    reqs = [make_req("cached"), make_req("cold")]
+    lens = {"cached": 9, "cold": 0}
+    reqs[0].arrival_time_s, reqs[1].arrival_time_s = 1003.0, 1000.0  # long ago, by the clock
+    order = SchedulePolicy("lpm").order
+    before = order(reqs, lambda r: (lens[r.rid], None), 1000.0 + PREFIX_POLICY_MAX_WAIT_S - 1)
+    after = order(reqs, lambda r: (lens[r.rid], None), 1000.0 + PREFIX_POLICY_MAX_WAIT_S + 1)
+    assert [r.rid for r in before] == ["cached", "cold"]  # by prefix: nobody overdue yet
+    assert [r.rid for r in after] == ["cold", "cached"]  # "cold" waited past the bound
+
+
 def test_dfs_weight_groups_requests_of_the_heavier_subtree():
     root = Node()
     heavy, light = Node(root), Node(root)

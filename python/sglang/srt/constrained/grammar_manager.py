@@ -197,11 +197,15 @@ class GrammarManager:
             del self._cache[key]
 
     def _timeout_error(self, pending: _Pending) -> Exception:
+        return self.timeout_error(pending.key.kind)
+
+    def timeout_error(self, kind: str) -> Exception:
+        """The error of a `kind` constraint whose compile ran past the timeout."""
         return InvalidGrammarError(
-            f"compiling the {pending.key.kind} constraint took longer than "
+            f"compiling the {kind} constraint took longer than "
             f"{self.timeout_s:g} s (SGLANG_GRAMMAR_TIMEOUT); it goes on in the "
             f"background, and a retry after it ends uses its result",
-            pending.key.kind,
+            kind,
         )
 
     # ------------------------------------------------------------------ per step

@@ -36,8 +36,14 @@ class SchedulePolicy:
         self.policy = policy
         self.rng = random.Random(seed)
 
-    def order(self, waiting: list[Req], match: Callable[[Req], tuple[int, Any]]) -> list[Req]:
-        """A new list: the admission order for this step (stable within ties)."""
+    def order(
+        self,
+        waiting: list[Req],
+        match: Callable[[Req], tuple[int, Any]],
+        now_s: float | None = None,
+    ) -> list[Req]:
+        """A new list: the admission order for this step (stable within ties). `now_s`:
+        the step's time.monotonic() (the scheduler's, the same on every TP rank)."""
         policy = self.policy
         if policy in PREFIX_POLICIES and len(waiting) > PREFIX_POLICY_MAX_QUEUE:
             policy = "fcfs"
@@ -52,13 +58,12 @@ class SchedulePolicy:
             ordered = sorted(waiting, key=lambda r: -matches[id(r)][0])
         else:
             ordered = _dfs_weight_order(waiting, {k: v[1] for k, v in matches.items()})
-        return _waited_long_first(ordered, waiting)
+        return _waited_long_first(ordered, waiting, time.monotonic() if now_s is None else now_s)
 
 
-def _waited_long_first(ordered: list[Req], waiting: list[Req]) -> list[Req]:
-    """`ordered`, with the requests waiting past PREFIX_POLICY_MAX_WAIT_S moved to the
-    front in arrival order."""
-    now = time.monotonic()
+def _waited_long_first(ordered: list[Req], waiting: list[Req], now: float) -> list[Req]:
+    """`ordered`, with the requests waiting past PREFIX_POLICY_MAX_WAIT_S at `now` moved
+    to the front in arrival order."""
     overdue = [r for r in waiting if now - r.arrival_time_s > PREFIX_POLICY_MAX_WAIT_S]
     if not overdue:
         return ordered

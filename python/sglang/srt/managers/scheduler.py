@@ -192,6 +192,9 @@ class Scheduler(
         self._checked_idle = True
         self.integrity_error: str | None = None
         self.forward_clock = ForwardClock()
+        # time.monotonic() of this step's receive, rank 0's under TP (recv_requests):
+        # what requests' arrival and waiting are measured in
+        self.clock_s = time.monotonic()
         self.num_retracted_reqs = 0
         self.fault_injector = FaultInjector.from_env()
 
@@ -263,8 +266,10 @@ class Scheduler(
             logger.error("KV memory integrity check failed while idle: %s", exc)
 
     def recv_requests(self, block: bool) -> list[Any]:
+        """This step's messages; sets `clock_s`, the step's time on every TP rank."""
         msgs = self._recv_local(block) if self.tp_sync.is_first_rank else []
-        return self.tp_sync.share_inputs(msgs)
+        msgs, self.clock_s = self.tp_sync.share_inputs(msgs, time.monotonic())
+        return msgs
 
     def _recv_local(self, block: bool) -> list[Any]:
         if block:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 
 class SchedulerAdmissionMixin:
+    clock_s: float  # this step's time, the same on every TP rank (Scheduler.recv_requests)
     waiting_queue: list[Req]
     running: RunningBatch
     chunked_req: Req | None
@@ -71,7 +72,7 @@ class SchedulerAdmissionMixin:
         return chunk
 
     def _candidates(self) -> list[Req]:
-        ordered = self.policy.order(self.waiting_queue, self._match_for_policy)
+        ordered = self.policy.order(self.waiting_queue, self._match_for_policy, self.clock_s)
         if self.chunked_req is not None:
             ordered.insert(0, self.chunked_req)
         return ordered

@@ -28,11 +28,13 @@ from sglang.srt.runtime_context import get_context
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.scheduler_parts.tensor_parallel import TpSync
 
 logger = logging.getLogger(__name__)
 
 
 class SchedulerGrammarMixin:
+    tp_sync: TpSync
     waiting_queue: list[Req]
     pending_outputs: list[Req]
     tokenizer: Any
@@ -98,7 +100,10 @@ class SchedulerGrammarMixin:
             return
         if block_s > 0:
             manager.wait(block_s)
+        queued = manager.waiting_reqs()
         ready, failed = manager.pop_ready()
+        if self.tp_sync.tp_size > 1:
+            ready, failed = self._agree_compiled(queued, ready, failed)
         for req in ready:
             if req.reasoning_end_token_id is not None:  # constrained after the reasoning
                 req.grammar = ReasoningGate(req.grammar, req.reasoning_end_token_id)
@@ -109,6 +114,28 @@ class SchedulerGrammarMixin:
             manager.shutdown()
         for req, error in failed:
             self._fail_grammar(req, error)
+
+    def _agree_compiled(
+        self, queued: list[Req], ready: list[Req], failed: list[tuple[Req, Exception]]
+    ) -> tuple[list[Req], list[tuple[Req, Exception]]]:
+        """(ready, failed) as every TP rank agrees. Each rank compiles and times out on
+        its own clock, and a request admitted by some ranks only ran a batch the others
+        did not (the forward's collectives hung, then failed). A request is ready where
+        every rank compiled it; else, where this rank had it ready or still compiling, it
+        fails as a timeout (what can differ between ranks)."""
+        ready_here = {id(req) for req in ready}
+        agreed = self.tp_sync.agree_min([int(id(req) in ready_here) for req in queued])
+        failed_here = {id(req) for req, _ in failed}
+        manager = self.grammar_manager
+        for req, ok in zip(queued, agreed):
+            if ok or id(req) in failed_here:
+                continue
+            if id(req) not in ready_here:  # still compiling here: out of the queue
+                manager.remove(req.rid)
+            req.grammar = None
+            failed.append((req, manager.timeout_error(key_of(req.sampling_params).kind)))
+        agreed_ready = {id(req) for req, ok in zip(queued, agreed) if ok}
+        return [req for req in ready if id(req) in agreed_ready], failed
 
     def _fail_grammar(self, req: Req, error: Exception) -> None:
         if isinstance(error, GrammarBackendUnavailable):

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 
 class SchedulerRequestsMixin:
+    clock_s: float  # this step's time, the same on every TP rank (Scheduler.recv_requests)
     waiting_queue: list[Req]
     running: RunningBatch
     max_running_requests: int
@@ -95,6 +96,7 @@ class SchedulerRequestsMixin:
             req.max_new_tokens = self.context_len - len(req.origin_input_ids)
         req.parent_rid = msg.parent_rid
         req.reasoning_end_token_id = msg.reasoning_end_token_id
+        req.arrival_time_s = self.clock_s  # the same on every TP rank
         if self.refuse_if_queue_full(req):
             return
         if not self.submit_if_constrained(req):

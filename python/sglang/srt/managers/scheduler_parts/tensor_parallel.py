@@ -76,11 +76,12 @@ class TpSync:
     def is_first_rank(self) -> bool:
         return self.group is None or self.group.is_first_rank
 
-    def share_inputs(self, msgs: list[Any]) -> list[Any]:
-        """Rank 0's received messages, on every rank."""
+    def share_inputs(self, msgs: list[Any], clock_s: float) -> tuple[list[Any], float]:
+        """Rank 0's received messages and clock reading, on every rank: a decision that
+        depends on time (a request waiting past a limit) is then the same on each."""
         if self.group is None:
-            return msgs
-        return self.group.broadcast_object(msgs if self.is_first_rank else None)
+            return msgs, clock_s
+        return self.group.broadcast_object((msgs, clock_s) if self.is_first_rank else None)
 
     def share_result(self, result: Any) -> Any:
         """Rank 0's sampled tokens on every rank, so request states never diverge
