@@ -376,3 +376,20 @@ def test_splits_tp_can_run_are_accepted(tmp_path):
                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
                             moe_intermediate_size=127, num_experts=4)  # fmt: skip
     ServerArgs(model_path=path, device="cpu", tp_size=2, ep_size=2).resolve_once()  # experts split
+    # Mixtral's intermediate_size is its experts' width: whole experts per rank (refused)
+    (tmp_path / "mixtral").mkdir()
+    path = write_checkpoint(tmp_path / "mixtral", model_type="mixtral", hidden_size=64,
+                            num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=129, num_local_experts=4)  # fmt: skip
+    ServerArgs(model_path=path, device="cpu", tp_size=2, ep_size=2).resolve_once()
+    with pytest.raises(ValueError, match="tp_size=2 cannot split this model: intermediate_size"):
+        ServerArgs(model_path=path, device="cpu", tp_size=2).resolve_once()
+
+
+def test_experts_ep_cannot_split_are_refused_before_any_child_starts(tmp_path):
+    # 3 experts over ep_size 2: the scheduler child started, then failed with a traceback
+    path = write_checkpoint(tmp_path, model_type="qwen3_moe", hidden_size=64,
+                            num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                            moe_intermediate_size=64, num_experts=3)  # fmt: skip
+    with pytest.raises(ValueError, match="ep_size=2 cannot split this model: num_experts=3"):
+        ServerArgs(model_path=path, device="cpu", tp_size=2, ep_size=2).resolve_once()

@@ -289,6 +289,22 @@ def test_an_update_that_caps_the_context_lower_is_refused(tmp_path):
     assert not ok and "context length is 16 tokens" in message, message
 
 
+def test_an_update_tp_cannot_split_is_refused_as_at_start_up(tmp_path):
+    # its MLP width odd: the update failed on a bare assertion's tuple, "(687, 2)"
+    from transformers import LlamaConfig
+
+    good, odd = tmp_path / "good", tmp_path / "odd"
+    _save_hf(good, _config("llama"))
+    _save_hf(odd, LlamaConfig(**{**SMALL, "intermediate_size": 687}))
+    with get_context().override_server_args(
+        model_path=str(good), device="cpu", max_total_tokens=256, max_running_requests=4
+    ):
+        worker = TpModelWorker(ModelConfig(str(good)))
+    worker.model_runner.tp_size = 2  # the check runs before any collective load
+    ok, message = worker.update_weights_from_disk(str(odd))
+    assert not ok and "tp_size=2 cannot split this model: intermediate_size=687" in message
+
+
 @pytest.mark.parametrize("dropped", ["model.layers.1.self_attn.k_proj.weight",
                                      "model.layers.0.mlp.up_proj.weight"])  # fmt: skip
 def test_a_missing_part_of_a_fused_weight_is_refused(tmp_path, dropped):

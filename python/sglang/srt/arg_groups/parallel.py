@@ -137,15 +137,26 @@ def node_scheduler_ranks(
 def check_tp_split(config: dict[str, Any], tp_size: int, ep_size: int = 1) -> None:
     """A ValueError naming the config.json field that `tp_size` ranks cannot split: the
     attention heads, the KV heads (divided among ranks, or each replicated on tp/kv of
-    them), the MLP width; an MoE's expert width unless its experts are split (ep_size)."""
+    them), the MLP width; an MoE's expert width unless its experts are split (ep_size,
+    which must then divide the experts: each rank holds whole experts)."""
     if tp_size <= 1:
         return
     config = config.get("text_config") or config
     heads = int(config.get("num_attention_heads") or 0)
     kv_heads = int(config.get("num_key_value_heads") or heads)
-    widths = [("intermediate_size", int(config.get("intermediate_size") or 0))]
-    if ep_size == 1 and config.get("moe_intermediate_size"):
-        widths.append(("moe_intermediate_size", int(config["moe_intermediate_size"])))
+    num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    # Mixtral's intermediate_size is its experts' width; Qwen3-MoE's, its dense layers'
+    expert_width = "moe_intermediate_size" if "moe_intermediate_size" in config else (
+        "intermediate_size" if num_experts else None
+    )
+    widths = [
+        (name, int(config.get(name) or 0))
+        for name in ("intermediate_size", "moe_intermediate_size")
+        if config.get(name) and not (ep_size > 1 and name == expert_width)
+    ]
+    if ep_size > 1 and num_experts % ep_size:
+        _refuse_split("num_experts", num_experts, ep_size, "each rank holds whole experts",
+                      flag="ep_size")  # fmt: skip
     if heads % tp_size:
         _refuse_split("num_attention_heads", heads, tp_size, "each rank runs whole heads")
     if kv_heads and kv_heads % tp_size and tp_size % kv_heads:
@@ -157,8 +168,8 @@ def check_tp_split(config: dict[str, Any], tp_size: int, ep_size: int = 1) -> No
             _refuse_split(name, width, tp_size, "each rank runs an equal slice")
 
 
-def _refuse_split(field: str, value: int, tp_size: int, why: str) -> None:
+def _refuse_split(field: str, value: int, size: int, why: str, flag: str = "tp_size") -> None:
     raise ValueError(
-        f"tp_size={tp_size} cannot split this model: {field}={value} in its config.json is "
-        f"not divisible by it ({why}); use a tp_size that divides it"
+        f"{flag}={size} cannot split this model: {field}={value} in its config.json is "
+        f"not divisible by it ({why}); use a {flag} that divides it"
     )

@@ -368,6 +368,7 @@ class ModelRunner:
         )
         _check_same_shape(self.model_config, new_config)
         _check_context_kept(self.context_len, new_config)
+        check_tp_split(new_config.raw, self.tp_size, self.settings.ep_size)  # as at start-up
         model = self._load_model(new_config, load_format or "auto")
         if not self.settings.is_embedding and getattr(model, "has_lm_head", True) is False:
             raise ValueError(
