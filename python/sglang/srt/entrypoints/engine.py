@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -49,6 +50,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.node_link import NodeLost, WorkerNodeLink
+from sglang.srt.managers.request_errors import ServerUnavailableError
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.runtime_context import get_observability
 from sglang.srt.sampling.param_types import InvalidParamError, check_num_samples
@@ -310,8 +312,8 @@ def _main_module_hidden() -> Iterator[None]:
     `if __name__ == "__main__":` guard.
     """
     main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main and k in main.__dict__}
-    with _spawn_lock:
+    with _spawn_lock:  # read under the lock: another thread's spawn has them hidden
+        saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main and k in main.__dict__}
         try:
             for key in saved:
                 setattr(main, key, None) if key == "__spec__" else delattr(main, key)
@@ -691,6 +693,10 @@ class Engine:
             _apply_log_level_here(server_args.log_level)
         self.server_args = server_args
         self._closed = False
+        # calls submitted to the loop and not done: shutdown cancels what the stopped loop
+        # would never finish (a prompt tokenized off the loop), so no caller waits for ever
+        self._submit_lock = threading.Lock()
+        self._inflight: set[concurrent.futures.Future] = set()
         _warn_http_only_fields(server_args)
         self.tokenizer_manager, self._children = self._launch_subprocesses(server_args)
         self._loop = asyncio.new_event_loop()
@@ -711,22 +717,39 @@ class Engine:
     def _run(self, coro: Any) -> Any:
         """`coro` run on the Engine's loop; interrupted here (Ctrl-C), it is cancelled
         there too (a generate's requests are then aborted)."""
-        self._raise_if_closed(coro)
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        future = self._submit(coro)
         try:
             return future.result()
+        except concurrent.futures.CancelledError:
+            if self._closed:  # cancelled by shutdown, not by the caller
+                raise self._shut_down_error() from None
+            raise
         except BaseException:
             future.cancel()
             raise
 
     async def _arun(self, coro: Any) -> Any:
-        self._raise_if_closed(coro)
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        try:
+            return await asyncio.wrap_future(self._submit(coro))
+        except asyncio.CancelledError:
+            if self._closed:  # cancelled by shutdown, not by the caller
+                raise self._shut_down_error() from None
+            raise
 
-    def _raise_if_closed(self, coro: Any) -> None:
-        if self._closed:
-            coro.close()  # never to run: closed, so Python warns of no unawaited coroutine
-            raise RuntimeError("this Engine is shut down")
+    def _submit(self, coro: Any) -> concurrent.futures.Future:
+        """`coro` scheduled on the loop, tracked until done; a RuntimeError once shut
+        down (under the lock: a call cannot slip in after shutdown's last look)."""
+        with self._submit_lock:
+            if self._closed:
+                coro.close()  # never to run: closed, so Python warns of no unawaited coroutine
+                raise RuntimeError("this Engine is shut down")
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            self._inflight.add(future)
+        future.add_done_callback(self._inflight.discard)
+        return future
+
+    def _shut_down_error(self) -> Exception:
+        return ServerUnavailableError("The engine is shut down.")
 
     # ------------------------------------------------------------------ generate
 
@@ -917,9 +940,10 @@ class Engine:
 
     def shutdown(self) -> None:
         """Stop the children and the loop thread; idempotent, never hangs."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._submit_lock:
+            if self._closed:
+                return
+            self._closed = True
         _live_engines.discard(self)
         self._children.shutdown()
         self.tokenizer_manager.on_child_death("The engine is shut down.")
@@ -928,6 +952,8 @@ class Engine:
             closing.result(timeout=5.0)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5.0)
+        for future in list(self._inflight):  # what the stopped loop will never finish
+            future.cancel()
         if not self._thread.is_alive():  # stopped: its selector and pipes go now, not at exit
             self._loop.close()
 

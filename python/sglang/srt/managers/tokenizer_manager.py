@@ -396,6 +396,9 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         with self._pending(obj) as pending:
             tokenized = await tokenize(obj)
             await self._wait_for_weight_update()
+        # a child died (or the Engine shut down) while it was tokenized off the loop:
+        # _fail_all did not reach it, and registered now it would wait for ever
+        self._check_alive()
         state = ReqState(obj=obj, prompt_tokens=len(tokenized.input_ids))
         if pending.abort_message is not None:
             state.finished_reason = aborted_reason(pending.abort_message)
