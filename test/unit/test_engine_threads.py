@@ -103,3 +103,22 @@ def test_spawns_from_two_threads_both_hide_the_callers_script(monkeypatch):
         thread.join(10)
     assert seen == {"file": None, "spec": None}  # hidden for the second spawn too
     assert (main.__file__, main.__spec__) == ("/app/script.py", "the script's spec")
+
+
+def test_engine_request_lines_show_without_the_applications_logging(monkeypatch):
+    # Engine(log_requests=True) in a script with no logging set up logged nothing: the
+    # request lines come from the caller's process, where INFO had no handler
+    import logging
+
+    from sglang.srt.entrypoints.engine import _show_request_lines_here
+
+    sglang_logger = logging.getLogger("sglang")
+    monkeypatch.setattr(logging.root, "handlers", [])
+    monkeypatch.setattr(sglang_logger, "handlers", [])
+    monkeypatch.setattr(sglang_logger, "level", logging.NOTSET)
+    _show_request_lines_here(SimpleNamespace(log_requests=False, log_level="info"))
+    assert not sglang_logger.handlers  # not asked for: the application's logging alone
+    _show_request_lines_here(SimpleNamespace(log_requests=True, log_level="info"))
+    assert len(sglang_logger.handlers) == 1 and sglang_logger.level == logging.INFO
+    _show_request_lines_here(SimpleNamespace(log_requests=True, log_level="info"))
+    assert len(sglang_logger.handlers) == 1  # once

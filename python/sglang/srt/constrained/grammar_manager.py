@@ -123,13 +123,16 @@ class GrammarManager:
     def _compile(self, key: GrammarKey) -> Any:
         backend = self._built_backend()
         start = time.perf_counter()
+        outcome = "failed to compile"
         try:
-            return backend.compile(key)
+            compiled = backend.compile(key)
+            outcome = "compiled"
+            return compiled
         finally:
             elapsed = time.perf_counter() - start
             self.num_compiles += 1
             self.compile_time_s += elapsed
-            logger.debug("compiled a %s constraint in %.1f ms", key.kind, elapsed * 1e3)
+            logger.debug("%s a %s constraint in %.1f ms", outcome, key.kind, elapsed * 1e3)
 
     # ------------------------------------------------------------------ hand back
 

@@ -51,6 +51,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.node_link import NodeLost, WorkerNodeLink
 from sglang.srt.managers.request_errors import ServerUnavailableError
+from sglang.srt.managers.scheduler_entry import run_scheduler_process, scheduler_role
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.runtime_context import get_observability
 from sglang.srt.sampling.param_types import InvalidParamError, check_num_samples
@@ -461,14 +462,6 @@ def _launch_relay_processes(
     return readers
 
 
-def scheduler_role(dp_size: int, tp_size: int, dp_rank: int, tp_rank: int) -> str:
-    """A scheduler's name in child_pids() and in the death message."""
-    ranks = ([f"dp rank {dp_rank}"] if dp_size > 1 else []) + (
-        [f"tp rank {tp_rank}"] if tp_size > 1 else []
-    )
-    return f"scheduler ({', '.join(ranks)})" if ranks else "scheduler"
-
-
 def _first_tp_roles(server_args: Any) -> list[str]:
     """The roles of the first TP rank of each DP rank this node runs."""
     from sglang.srt.server_args import resolution_result
@@ -527,7 +520,6 @@ def _launch_scheduler_processes(
 
         return launch_scheduler_actors(children, server_args, port_args, clocks, placement_group)
     from sglang.srt.arg_groups.parallel import node_scheduler_ranks
-    from sglang.srt.managers.scheduler_entry import run_scheduler_process
     from sglang.srt.server_args import resolution_result
 
     tp_size, dp_size, nnodes, node_rank = _layout(server_args)
@@ -673,6 +665,23 @@ def _apply_log_level_here(level: Any) -> None:
         logging.getLogger("sglang").setLevel(level.upper())
 
 
+def _show_request_lines_here(server_args: Any) -> None:
+    """log_requests on an Engine: its request lines come from this process (the
+    TokenizerManager), where an application that configured no logging saw none (Python's
+    last-resort handler drops INFO). Such an application gets a handler on sglang's
+    logger, in the children's format; one with logging of its own keeps it."""
+    sglang_logger = logging.getLogger("sglang")
+    if not server_args.log_requests or sglang_logger.hasHandlers():
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter("[%(asctime)s engine] %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+    )
+    sglang_logger.addHandler(handler)
+    if sglang_logger.level == logging.NOTSET:
+        sglang_logger.setLevel(str(server_args.log_level or "info").upper())
+
+
 class Engine:
     """Offline generation: `Engine(model_path=...).generate(prompts, sampling_params)`."""
 
@@ -698,6 +707,7 @@ class Engine:
         self._submit_lock = threading.Lock()
         self._inflight: set[concurrent.futures.Future] = set()
         _warn_http_only_fields(server_args)
+        _show_request_lines_here(server_args)
         self.tokenizer_manager, self._children = self._launch_subprocesses(server_args)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(

@@ -32,10 +32,10 @@ from typing import Any
 
 import zmq
 
-from sglang.srt.entrypoints.engine import ChildProcesses, Engine, scheduler_role
+from sglang.srt.entrypoints.engine import ChildProcesses, Engine
 from sglang.srt.managers.forward_clock import NUM_SLOTS, ForwardClock
 from sglang.srt.managers.ipc import PortArgs
-from sglang.srt.managers.scheduler_entry import run_scheduler_process
+from sglang.srt.managers.scheduler_entry import run_scheduler_process, scheduler_role
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,11 @@ logger = logging.getLogger(__name__)
 BuildFn = Callable[[], tuple[dict[str, Any], Callable[[], None]]]
 
 
-def run_child(role: str, server_args: Any, ready_writer: Any, build: BuildFn) -> None:
+def run_child(
+    role: str, server_args: Any, ready_writer: Any, build: BuildFn, log_name: str | None = None
+) -> None:
+    """Publish under `role`, build, report ready, loop; log lines carry `log_name` (the
+    role, or a scheduler's ranks too)."""
     from sglang.srt.runtime_context import publish
 
     # Ctrl-C in a terminal reaches the whole process group: the launcher (or the
@@ -37,7 +41,7 @@ def run_child(role: str, server_args: Any, ready_writer: Any, build: BuildFn) ->
     # No PR_SET_PDEATHSIG: it fires when the spawning *thread* exits, and an
     # Engine may be built on a short-lived thread. Polling the parent pid is safe.
     start_parent_watcher()
-    _configure_logging(role)
+    _configure_logging(log_name or role)
     try:
         info, loop = build()
     except BaseException:

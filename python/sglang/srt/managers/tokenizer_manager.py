@@ -501,6 +501,8 @@ class TokenizerManager(TokenizerEmbeddingMixin):
 
     def _log_finished(self, state: ReqState, finish: Any = None) -> None:
         obj = state.obj
+        if is_health_probe(obj.rid):  # the server's own probe (/health_generate), no request
+            return
         prompt = obj.text if obj.text is not None else obj.input_ids
         logger.info(
             "request %s: prompt=%.200r output=%.200r prompt_tokens=%d "

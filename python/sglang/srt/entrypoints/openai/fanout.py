@@ -245,6 +245,10 @@ class ChoiceFanout:
 
     async def _watch_disconnect(self) -> None:
         await wait_for_disconnect(self._request)
-        logger.info("client disconnected; aborting %d choice(s)", self.num_choices)
+        logger.info(
+            "client disconnected; aborting request %s (%d choice(s))",
+            self._objs[0].parent_rid or self._objs[0].rid,
+            self.num_choices,
+        )
         self._queue.put_nowait(ChoiceEvent(-1, disconnected=True))
         self.close()
