@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         return _launch(parser, namespace, server_args)
     except (ValueError, FileNotFoundError) as exc:  # the flags' resolution refused them
         parser.error(str(exc))
+    except OSError as exc:  # a file the server must read it may not (a chat template)
+        logging.getLogger("sglang.launch_server").error("%s", exc)
+        return 1
     except ChildStartupError as exc:  # the child printed its traceback; here its last line
         logging.getLogger("sglang.launch_server").error("%s", _summary(exc))
         return 1

@@ -225,7 +225,9 @@ def test_sigterm_stops_everything_and_exits_zero(server):
     assert not _group_alive(server.proc.pid)
 
 
-@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]])
+@pytest.mark.parametrize(
+    "signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT], [signal.SIGHUP]]
+)  # SIGHUP (the terminal closed) killed the launcher at once: streams cut, no error event
 def test_sigterm_gives_requests_past_the_grace_an_error_not_a_cut(tiny_llama_dir, tmp_path,
                                                                    signals):  # fmt: skip
     """A stream still running when the shutdown grace ends gets an error event and

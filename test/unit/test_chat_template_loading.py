@@ -220,3 +220,20 @@ def test_the_renderers_arguments_are_a_400_naming_chat_template_kwargs(name):
     with pytest.raises(ChatTemplateError, match=name) as error:
         render_chat(tokenizer, USER, extra_kwargs={name: True})
     assert error.value.param == "chat_template_kwargs"
+
+
+def test_a_file_the_launcher_cannot_read_is_one_line_not_a_traceback(
+    tmp_path, monkeypatch, caplog
+):
+    # an unreadable chat_template.jinja in the model dir: a 37-line traceback, exit 1
+    def unreadable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "chat_template.jinja"))
+
+    monkeypatch.setattr(launch_server, "_launch", unreadable)
+    argv = ["--model-path", str(model_dir(tmp_path, PLAIN)), "--device", "cpu",
+            "--port", str(free_port())]  # fmt: skip
+    with caplog.at_level("ERROR", logger="sglang.launch_server"):
+        assert launch_server.main(argv) == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"[Errno 13] Permission denied: '{tmp_path / 'chat_template.jinja'}'"
+    ]

@@ -659,6 +659,19 @@ def test_api_key(tm):
         assert reply.headers["access-control-allow-origin"] in ("*", "http://app.example")
 
 
+@pytest.mark.parametrize(
+    "host, url",
+    [("0.0.0.0", "http://127.0.0.1:31234"), ("::", "http://[::1]:31234"),
+     ("::1", "http://[::1]:31234"), ("localhost", "http://localhost:31234")],
+)  # fmt: skip
+def test_the_ready_line_names_a_url_that_answers(host, url):
+    # "::" listens on IPv6 only: the line said http://127.0.0.1:P, which refused
+    from sglang.srt.entrypoints.http_server import _server_url
+
+    with get_context().override_server_args(host=host, port=31234):
+        assert _server_url() == url
+
+
 def test_405_names_the_allowed_methods_and_bodies_must_be_plain_utf8(client):
     assert client.get("/v1/chat/completions").headers.get("allow") == "POST"
     # a path served by two routes names both methods (Starlette named one)

@@ -395,12 +395,12 @@ def _launch_subprocesses(
         tokenizer_manager = TokenizerManager(server_args, port_args, ready_info=ready_info)
         tokenizer_manager.forward_clock = clocks[0] if dp_size == 1 else ForwardClocks(clocks)
         _record_detected_parsers(tokenizer_manager, server_args)
-    except BaseException:
+        children.on_death.append(tokenizer_manager.on_child_death)
+        children.hang_limit_s = hang_limit_s(get_observability().watchdog_timeout)
+        children.start_watchdog()
+    except BaseException:  # a signal's SystemExit included, up to the return
         children.shutdown()
         raise
-    children.on_death.append(tokenizer_manager.on_child_death)
-    children.hang_limit_s = hang_limit_s(get_observability().watchdog_timeout)
-    children.start_watchdog()
     return tokenizer_manager, children
 
 

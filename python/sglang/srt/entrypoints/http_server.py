@@ -21,6 +21,7 @@ import hmac
 import logging
 import signal
 import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -503,6 +504,11 @@ def create_app(tokenizer_manager: Any) -> FastAPI:
 # --- lifecycle ------------------------------------------------------------------------------
 
 
+# Signals that stop the server gracefully: uvicorn's two, and SIGHUP (the terminal that
+# ran it closed), which killed the launcher at once (streams cut, no error event)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 class _Server(uvicorn.Server):
     """uvicorn, but a signal starts our bounded shutdown and is not re-raised after it,
     so that the launcher can stop the children and exit 0."""
@@ -510,6 +516,20 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self.state = state
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's SIGINT and SIGTERM, and SIGHUP too (STOP_SIGNALS)."""
+        if threading.current_thread() is not threading.main_thread():
+            with super().capture_signals():
+                yield
+            return
+        previous = signal.signal(signal.SIGHUP, self.handle_exit)
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            signal.signal(signal.SIGHUP, previous)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self.state.status is not ServerStatus.DEAD:
@@ -534,7 +554,8 @@ def _server_url() -> str:
     from sglang.srt.runtime_context import get_serving
 
     host = get_serving().host
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    # "::" listens on IPv6 only (asyncio sets IPV6_V6ONLY): its loopback is [::1]
+    shown = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(host, f"[{host}]" if ":" in host else host)
     return f"http://{shown}:{get_serving().port}"
 
 
@@ -672,14 +693,14 @@ def _apply_log_level() -> None:
 
 @contextlib.contextmanager
 def _signals_exit_cleanly() -> Iterator[None]:
-    """While the runtime starts, SIGTERM/SIGINT unwind (the launcher stops the children
+    """While the runtime starts, STOP_SIGNALS unwind (the launcher stops the children
     it started) and the process exits 0; uvicorn takes the signals over once serving."""
 
     def stop(signum: int, frame: Any) -> None:
         logger.info("signal %d received during startup: stopping", signum)
         raise SystemExit(0)
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -709,10 +730,13 @@ def launch_server(server_args: Any, placement_group: Any = None) -> int:
     )
     with _signals_exit_cleanly():
         tokenizer_manager, children = _launch_subprocesses(server_args, placement_group)
-    _apply_log_level()
     try:
-        app = create_app(tokenizer_manager)
-        return _run_event_loop(serve_app(app))
+        # until uvicorn takes the signals over (and after it gives them back): a signal
+        # there killed the launcher, its children left to find out alone
+        with _signals_exit_cleanly():
+            _apply_log_level()
+            app = create_app(tokenizer_manager)
+            return _run_event_loop(serve_app(app))
     finally:
         children.shutdown()
         logger.info("server stopped")
