@@ -659,6 +659,32 @@ def test_api_key(tm):
         assert reply.headers["access-control-allow-origin"] in ("*", "http://app.example")
 
 
+def test_a_batch_items_runtime_error_names_the_item(client):
+    # sampling_params given per prompt: the 400 said "sampling_params.logit_bias", not
+    # which prompt's, while the field checks name "sampling_params.1.temperature"
+    params = [{"max_new_tokens": 2}, {"max_new_tokens": 2, "logit_bias": {"99999": 1.0}}]
+    reply = client.post("/generate", json={"text": ["ab", "cd"], "sampling_params": params})
+    assert assert_error(reply, 400, "sampling_params.1.logit_bias")
+    one = {"max_new_tokens": 2, "logit_bias": {"99999": 1.0}}  # one for all: its own name
+    reply = client.post("/generate", json={"text": ["ab", "cd"], "sampling_params": one})
+    assert assert_error(reply, 400, "sampling_params.logit_bias")
+
+
+def test_item_params_index_only_the_fields_given_per_prompt():
+    from sglang.srt.entrypoints.openai.serving_native import GenerateRequest
+
+    batch = GenerateRequest.model_validate(
+        {"text": ["a", "b"], "logprob_start_len": [0, 5], "token_ids_logprob": [1, 2]}
+    )
+    assert batch.item_param("text", 1) == "text.1"
+    assert batch.item_param("logprob_start_len", 1) == "logprob_start_len.1"
+    assert batch.item_param("token_ids_logprob", 1) == "token_ids_logprob"  # one list for all
+    assert batch.item_param("sampling_params.regex", 1) == "sampling_params.regex"
+    ids = GenerateRequest.model_validate({"input_ids": [[1], [2]]})
+    assert ids.item_param("input_ids", 0) == "input_ids.0"
+    assert GenerateRequest.model_validate({"input_ids": [1, 2]}).item_param("input_ids", 0) == "input_ids"
+
+
 @pytest.mark.parametrize(
     "host, url",
     [("0.0.0.0", "http://127.0.0.1:31234"), ("::", "http://[::1]:31234"),

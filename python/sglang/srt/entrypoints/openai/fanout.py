@@ -113,9 +113,14 @@ class ChoiceFanout:
         metrics: ServerMetrics | None = None,
         request: Request | None = None,
         param_of: Callable[[str], str] | None = None,
+        choice_param: Callable[[str, int], str] | None = None,
     ) -> None:
+        """`param_of` renames a runtime error's field path for the route (OpenAI's
+        names); `choice_param(path, choice index)` names the failing choice's element of
+        a per-prompt field (a batch)."""
         self._tm = tokenizer_manager
         self._param_of = param_of
+        self._choice_param = choice_param
         self._objs = objs
         self._metrics = metrics
         self._request = request
@@ -217,7 +222,14 @@ class ChoiceFanout:
         if event.error is not None:
             self._failed = True
             self.close()
-            raise to_api_error(event.error, self._param_of)
+            raise to_api_error(event.error, self._route_param_of(event.index))
+
+    def _route_param_of(self, index: int) -> Callable[[str], str] | None:
+        """The field-path renaming for an error of choice `index`."""
+        if self._choice_param is None:
+            return self._param_of
+        choice_param, param_of = self._choice_param, self._param_of or (lambda path: path)
+        return lambda path: choice_param(param_of(path), index)
 
     async def _pump(self, index: int, obj: GenerateReqInput) -> None:
         tracker = self._metrics.track() if self._metrics is not None else None

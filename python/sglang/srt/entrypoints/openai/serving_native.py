@@ -106,6 +106,21 @@ class GenerateRequest(NullTakesTheDefault, UnsupportedSGLangFields):
             return params[0].n if params else 1
         return params.n if params is not None else 1
 
+    def item_param(self, path: str, prompt_index: int) -> str:
+        """A runtime error's field `path` for prompt `prompt_index`, indexed where the
+        request gave that field per prompt (`sampling_params.1.regex`, `text.1`), as the
+        field checks name a list's element; a field given once keeps its name."""
+        head, _, rest = path.partition(".")
+        if head in ("text", "input_ids", "sampling_params", *PER_PROMPT_OPTIONS):
+            value = getattr(self, head)
+            nested = head in ("input_ids", "token_ids_logprob")  # a list of lists per prompt
+            per_prompt = isinstance(value, list) and (
+                not nested or (bool(value) and isinstance(value[0], list))
+            )
+            if per_prompt:
+                return ".".join(filter(None, (head, str(prompt_index), rest)))
+        return path
+
     def params_dicts(self, num_prompts: int) -> list[dict[str, Any]]:
         """Each prompt's sampling fields as the client set them, without `n` (fanned
         out here)."""
@@ -191,11 +206,15 @@ class NativeServing:
     async def handle(self, request: GenerateRequest, raw_request: Request | None) -> Response:
         check_dp_routing(self.tokenizer_manager, request)
         objs = build_inputs(request)
+        n = request.num_samples()
         check_request_size(
             self.tokenizer_manager, len(request.prompts()), request.num_samples(),
             "text" if request.text is not None else "input_ids",
         )  # fmt: skip
-        fanout = ChoiceFanout(self.tokenizer_manager, objs, self.metrics, raw_request)
+        fanout = ChoiceFanout(
+            self.tokenizer_manager, objs, self.metrics, raw_request,
+            choice_param=lambda path, index: request.item_param(path, index // n),
+        )  # fmt: skip
         try:
             if request.stream:
                 return await open_stream(fanout, _native_chunks(fanout, request.is_batch()))
