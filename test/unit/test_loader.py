@@ -365,3 +365,18 @@ def test_a_model_dir_without_tokenizer_files_says_what_to_pass(tmp_path):
     ):
         with pytest.raises(ValueError, match="point --tokenizer-path at a directory"):
             load_tokenizer()
+
+
+def test_the_tokenizer_says_nothing_of_prompts_past_its_max_length(tmp_path, capfd):
+    # transformers' "will result in indexing errors" went past --log-level on a prompt
+    # the server refuses itself with a 400 naming its context
+    from sglang.srt.managers.tokenizer_manager import load_tokenizer
+    from sglang.test.corpus import save_tokenizer_files
+    from sglang.test.make_tiny_model import cached_tokenizer
+
+    save_tokenizer_files(cached_tokenizer(), tmp_path, model_max_length=64)
+    _config("llama").save_pretrained(tmp_path)
+    with get_context().override_server_args(model_path=str(tmp_path), device="cpu"):
+        tokenizer = load_tokenizer()
+    tokenizer.encode("word " * (tokenizer.model_max_length + 10))
+    assert "indexing errors" not in capfd.readouterr().err

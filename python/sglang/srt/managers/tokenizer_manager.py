@@ -91,7 +91,7 @@ def load_tokenizer() -> Any:
         return None
     path = model.tokenizer_path or model.model_path
     try:
-        return AutoTokenizer.from_pretrained(
+        tokenizer = AutoTokenizer.from_pretrained(
             path, trust_remote_code=model.trust_remote_code, revision=model.revision
         )
     except (OSError, ValueError) as exc:
@@ -107,6 +107,18 @@ def load_tokenizer() -> Any:
                 f"{fix}, or --skip-tokenizer-init to send token ids"
             ) from exc
         raise
+    _quiet_length_warning(tokenizer)
+    return tokenizer
+
+
+def _quiet_length_warning(tokenizer: Any) -> None:
+    """transformers warns, once, past --log-level and the log format, that a prompt longer
+    than `model_max_length` "will result in indexing errors": the server checks lengths
+    against its context itself (a 400 naming it), so the warning only misleads. Marked as
+    given (transformers' own once-only flag; a tokenizer without it is left as is)."""
+    given = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(given, dict):
+        given["sequence-length-is-longer-than-the-specified-maximum"] = True
 
 
 def _warn_if_tokenizer_outgrows(tokenizer: Any, vocab_size: int) -> None:
