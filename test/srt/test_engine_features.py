@@ -563,3 +563,16 @@ def test_a_minimum_past_the_context_with_no_maximum_is_refused(engine):
     assert refused.value.param == "sampling_params.min_new_tokens"
     out = engine.generate("x = 1", {"max_new_tokens": None, "min_new_tokens": 200, "temperature": 0})
     assert out["meta_info"]["completion_tokens"] >= 200
+
+
+def test_logprob_entries_are_bounded_over_a_requests_choices(engine):
+    """positions x (1 + top + token ids) x n past 2,097,152: a ValueError naming
+    return_logprob before anything runs (the answer is built in this process); one such
+    choice alone is served."""
+    heavy = dict(return_logprob=True, logprob_start_len=0, top_logprobs_num=100,
+                 token_ids_logprob=list(range(1024)))  # fmt: skip
+    with pytest.raises(ValueError, match="logprob entries") as refused:
+        engine.generate("x = 1", greedy(240, n=8), **heavy)
+    assert refused.value.param == "return_logprob"
+    out = engine.generate("x = 1", greedy(4), **heavy)
+    assert len(out["meta_info"]["output_token_ids_logprobs"][0]) == 1024

@@ -330,3 +330,34 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_named_at_start_up(caplog):
         "the tokenizer has 8196 tokens, the model's vocabulary 8192: a prompt that encodes "
         "to an id past it is refused (does --tokenizer-path match the model?)"
     ]
+
+
+def test_a_requests_logprob_entries_are_bounded_over_its_choices():
+    # 4,000 input positions x (1 + 100 + 1024) alternatives x n=8, each field within its
+    # own limit: the answer took the launcher past 5.8 GB and /health 17 s
+    from sglang.srt.managers.io_struct import (
+        MAX_LOGPROB_ENTRIES_PER_REQUEST,
+        share_logprob_budget,
+    )
+
+    tm = _bare_manager()
+    tm.context_len = 4096
+    params = types.SimpleNamespace(max_new_tokens=1)
+
+    def choice(**fields) -> tuple[GenerateReqInput, types.SimpleNamespace]:
+        obj = GenerateReqInput(input_ids=[5] * 4000, return_logprob=True, **fields)
+        return obj, types.SimpleNamespace(input_ids=obj.input_ids, sampling_params=params,
+                                          logprob_start_len=obj.logprob_start_len)  # fmt: skip
+
+    heavy = {"logprob_start_len": 0, "top_logprobs_num": 100, "token_ids_logprob": list(range(1024))}
+    objs = [choice(**heavy) for _ in range(8)]
+    share_logprob_budget([obj for obj, _ in objs])
+    with pytest.raises(InvalidParamError, match="more than 2,097,152 logprob entries") as refused:
+        for obj, tokenized in objs:
+            tm._charge_logprobs(obj, tokenized)
+    assert refused.value.param == "return_logprob"
+    # an evaluation's input logprobs (top 5 over the whole prompt), n = 1: charged, served
+    obj, tokenized = choice(logprob_start_len=0, top_logprobs_num=5)
+    tm._charge_logprobs(obj, tokenized)
+    assert obj.logprob_budget is None  # its own budget: nothing shared to draw down
+    assert 2 * 4001 * 1125 > MAX_LOGPROB_ENTRIES_PER_REQUEST > 4001 * 1125  # one heavy fits

@@ -47,6 +47,7 @@ from sglang.srt.managers.io_struct import (
     ChildReady,
     EmbeddingReqInput,
     GenerateReqInput,
+    share_logprob_budget,
 )
 from sglang.srt.managers.ipc import PortArgs
 from sglang.srt.managers.node_link import NodeLost, WorkerNodeLink
@@ -1068,6 +1069,7 @@ def _build_requests(
                     **mine,
                 )
             )
+    share_logprob_budget(reqs)
     return reqs, is_list or len(reqs) > 1
 
 

@@ -36,6 +36,21 @@ def is_health_probe(rid: str) -> bool:
     return rid.startswith(HEALTH_PROBE_RID_PREFIX)
 
 
+# The most logprob entries (a position's logprob, or one of its top-k or token_ids_logprob
+# alternatives) one request may ask for, over all its choices: the answer is built and
+# serialized in the HTTP process (a few hundred bytes an entry there, and seconds of its
+# event loop at millions). A request within every field's own limit (4,000 input
+# positions x 1,124 alternatives x n=8) took the launcher past 5.8 GB and /health 17 s.
+MAX_LOGPROB_ENTRIES_PER_REQUEST = 1 << 21
+
+
+@dataclass
+class LogprobBudget:
+    """The logprob entries a request's choices may still ask for; shared by them."""
+
+    left: int = MAX_LOGPROB_ENTRIES_PER_REQUEST
+
+
 @dataclass
 class GenerateReqInput:
     """One generation request: a single prompt (text or ids), n = 1."""
@@ -60,12 +75,21 @@ class GenerateReqInput:
     # A route's own default for max_new_tokens when the caller set none (the legacy
     # completions' 16); cut to the room the context leaves, as the server's 128 is
     default_max_new_tokens: int | None = None
+    # shared by the choices of one request (a fan-out sets it); None: this choice's own
+    logprob_budget: LogprobBudget | None = None
 
     def __post_init__(self) -> None:
         if self.rid is None:
             self.rid = uuid.uuid4().hex
         if self.sampling_params is None:
             self.sampling_params = {}
+
+
+def share_logprob_budget(objs: list[GenerateReqInput]) -> None:
+    """One logprob budget (MAX_LOGPROB_ENTRIES_PER_REQUEST) for a request's choices."""
+    budget = LogprobBudget()
+    for obj in objs:
+        obj.logprob_budget = budget
 
 
 @dataclass

@@ -31,6 +31,7 @@ from sglang.srt.managers.detokenizer_manager import BatchDetokenizer, token_piec
 from sglang.srt.managers.forward_clock import ForwardClock
 from sglang.srt.managers.io_struct import (
     LOGPROB_FIELDS,
+    MAX_LOGPROB_ENTRIES_PER_REQUEST,
     AbortReq,
     BatchStrOutput,
     BatchTokenIDOutput,
@@ -40,6 +41,7 @@ from sglang.srt.managers.io_struct import (
     GenerateReqInput,
     GetInternalStateReq,
     GetInternalStateReqOutput,
+    LogprobBudget,
     TokenizedGenerateReqInput,
     TokenizerHandoff,
     UpdateWeightFromDiskReqInput,
@@ -385,6 +387,7 @@ class TokenizerManager(TokenizerEmbeddingMixin):
         self.check_serves_generation()
         self._ensure_handle_loop()
         tokenized, state = await self._admit(obj, self._tokenize_off_loop)
+        self._charge_logprobs(obj, tokenized)
         if state.finished_reason is not None:  # aborted before it reached the scheduler
             if self.log_requests:
                 self._log_finished(state)
@@ -397,6 +400,33 @@ class TokenizerManager(TokenizerEmbeddingMixin):
                 yield out
         finally:
             self._release(state)
+
+    def _charge_logprobs(
+        self, obj: GenerateReqInput, tokenized: TokenizedGenerateReqInput
+    ) -> None:
+        """Take this choice's logprob entries from its request's budget (shared by the
+        request's choices); a 400 naming the fields past MAX_LOGPROB_ENTRIES_PER_REQUEST.
+        Counted as asked (every position to max_new_tokens), before anything runs."""
+        if not obj.return_logprob:
+            return
+        per_position = 1 + obj.top_logprobs_num + len(obj.token_ids_logprob or ())
+        input_len = len(tokenized.input_ids)
+        start = tokenized.logprob_start_len
+        max_new = tokenized.sampling_params.max_new_tokens
+        positions = (input_len - start if start >= 0 else 0) + (
+            max_new if max_new is not None else self.context_len - input_len
+        )
+        budget = obj.logprob_budget or LogprobBudget()
+        budget.left -= positions * per_position
+        if budget.left < 0:
+            raise InvalidParamError(
+                "return_logprob: this request asks for more than "
+                f"{MAX_LOGPROB_ENTRIES_PER_REQUEST:,} logprob entries (positions x (1 + "
+                "top_logprobs_num + token ids in token_ids_logprob), over all its choices; "
+                f"this choice alone {positions:,} x {per_position}): ask for fewer "
+                "alternatives or choices, or start the input logprobs later",
+                "return_logprob",
+            )
 
     async def _admit(
         self,

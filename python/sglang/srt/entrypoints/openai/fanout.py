@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang.srt.entrypoints.openai.errors import APIError, out_of_descriptors
 from sglang.srt.entrypoints.openai.sampling import openai_message
+from sglang.srt.managers.io_struct import share_logprob_budget
 from sglang.srt.managers.request_errors import (
     InvalidRequestError,
     RequestFailedError,
@@ -121,6 +122,7 @@ class ChoiceFanout:
         self._tm = tokenizer_manager
         self._param_of = param_of
         self._choice_param = choice_param
+        share_logprob_budget(objs)
         self._objs = objs
         self._metrics = metrics
         self._request = request
