@@ -360,4 +360,8 @@ def test_a_requests_logprob_entries_are_bounded_over_its_choices():
     obj, tokenized = choice(logprob_start_len=0, top_logprobs_num=5)
     tm._charge_logprobs(obj, tokenized)
     assert obj.logprob_budget is None  # its own budget: nothing shared to draw down
-    assert 2 * 4001 * 1125 > MAX_LOGPROB_ENTRIES_PER_REQUEST > 4001 * 1125  # one heavy fits
+    # 1,024 token ids over 4,000 positions is 4.1M entries even at n = 1 (1.3 GB there)
+    assert 4001 * 1025 > MAX_LOGPROB_ENTRIES_PER_REQUEST
+    obj, tokenized = choice(logprob_start_len=0, token_ids_logprob=list(range(1024)))
+    with pytest.raises(InvalidParamError, match="logprob entries"):
+        tm._charge_logprobs(obj, tokenized)
