@@ -146,8 +146,10 @@ def check_tp_split(config: dict[str, Any], tp_size: int, ep_size: int = 1) -> No
     kv_heads = int(config.get("num_key_value_heads") or heads)
     num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
     # Mixtral's intermediate_size is its experts' width; Qwen3-MoE's, its dense layers'
-    expert_width = "moe_intermediate_size" if "moe_intermediate_size" in config else (
-        "intermediate_size" if num_experts else None
+    expert_width = (
+        "moe_intermediate_size"
+        if "moe_intermediate_size" in config
+        else ("intermediate_size" if num_experts else None)
     )
     widths = [
         (name, int(config.get(name) or 0))

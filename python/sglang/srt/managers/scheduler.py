@@ -57,7 +57,6 @@ class DecodeStep:
         self.out_cache_loc = out_cache_loc  # int64[bs]
 
 
-
 def stop_eos_ids(config_eos_ids: Iterable[int] | None, tokenizer: Any) -> set[int]:
     """The ids that end a generation (unless ignore_eos): the model's (config.json,
     generation_config.json) and the tokenizer's eos_token_id, as SGLang and vLLM stop
@@ -68,6 +67,7 @@ def stop_eos_ids(config_eos_ids: Iterable[int] | None, tokenizer: Any) -> set[in
     if isinstance(tokenizer_eos, int):
         ids.add(tokenizer_eos)
     return ids
+
 
 class Scheduler(
     SchedulerAdmissionMixin,

@@ -192,8 +192,7 @@ def _refuse_codings(headers: Any) -> None:
                 coding = coding.strip().lower()
                 if coding not in plain:
                     raise APIError(
-                        f"{name.title()} {coding!r} is not supported: send the body "
-                        "uncompressed",
+                        f"{name.title()} {coding!r} is not supported: send the body uncompressed",
                         415,
                         code="unsupported_media_type",
                     )
