@@ -28,6 +28,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_dist_port(nnodes: int = 2) -> int:
+    """A --dist-init-addr port whose node-link ports (node_link_ports: the port + 100 and
+    up) are free too: a free base port alone left them to chance (a client socket's
+    ephemeral port there failed a node 0 start with "Address already in use")."""
+    from sglang.srt.arg_groups.parallel import node_link_ports
+
+    for _ in range(100):
+        port = free_port()
+        linked = [p for rank in range(1, nnodes) for p in node_link_ports(port, rank)]
+        if all(p < 65536 and _bindable(p) for p in linked):
+            return port
+    raise RuntimeError("no free --dist-init-addr port with free node-link ports")
+
+
 @dataclass
 class ServerProcess:
     proc: subprocess.Popen

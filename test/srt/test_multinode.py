@@ -17,7 +17,12 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from http_server_fixture import SMALL_SERVER_FLAGS, ServerProcess, free_port, start_server
+from http_server_fixture import (
+    SMALL_SERVER_FLAGS,
+    ServerProcess,
+    free_dist_port,
+    start_server,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +70,7 @@ class TwoNodes:
     """Node 1's launcher and node 0's server; both stopped (groups killed) on exit."""
 
     def __init__(self, model_dir: Path, tmp_path: Path, extra: tuple[str, ...] = ()) -> None:
-        dist_addr = f"127.0.0.1:{free_port()}"
+        dist_addr = f"127.0.0.1:{free_dist_port()}"
         self.node1_log = tmp_path / "node1.log"
         self.node1 = start_worker_node(model_dir, self.node1_log, dist_addr,
                                        ("--tp-size", "2", *extra))  # fmt: skip

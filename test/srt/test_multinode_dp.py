@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from http_server_fixture import ServerProcess, free_port, start_server
+from http_server_fixture import ServerProcess, free_dist_port, start_server
 from test_multinode import assert_all_gone, scheduler_children, start_worker_node, stop_group
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ class DpNodes:
     """Node 1's launcher and node 0's server; both stopped (groups killed) on close."""
 
     def __init__(self, model_dir: Path, log_dir: Path, extra: tuple[str, ...] = ()) -> None:
-        self.dist_addr = f"127.0.0.1:{free_port()}"
+        self.dist_addr = f"127.0.0.1:{free_dist_port()}"
         self.node1_log = log_dir / "node1.log"
         self.node1 = start_worker_node(model_dir, self.node1_log, self.dist_addr, (*DP2, *extra))
         self.node0: ServerProcess | None = None
