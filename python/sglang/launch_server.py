@@ -27,13 +27,14 @@ def build_launch_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from sglang.srt.entrypoints.engine import ChildStartupError
     from sglang.srt.server_args import server_args_from_namespace
+    from sglang.srt.utils import LOG_DATE_FORMAT, log_format
 
     parser = build_launch_parser()
     namespace = parser.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(  # --log-level from the start: resolution logs too
         level=(getattr(namespace, "log_level", None) or "info").upper(),
-        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
+        format=log_format(),
+        datefmt=LOG_DATE_FORMAT,
     )
     server_args = server_args_from_namespace(parser, namespace)
     try:

@@ -79,9 +79,18 @@ def format_exception_text() -> str:
     return traceback.format_exc()
 
 
+LOG_DATE_FORMAT = "%H:%M:%S"
+
+
+def log_format(prefix: str = "") -> str:
+    """Every process's log line: `[hh:mm:ss<prefix>] LEVEL logger: message`; `prefix`
+    names a child (" scheduler (dp rank 1)")."""
+    return f"[%(asctime)s{prefix}] %(levelname)s %(name)s: %(message)s"
+
+
 def configure_child_logging(level: str = "info", prefix: str = "") -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
-        format=f"[%(asctime)s{prefix}] %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
+        format=log_format(prefix),
+        datefmt=LOG_DATE_FORMAT,
     )

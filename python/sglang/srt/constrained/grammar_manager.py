@@ -154,7 +154,7 @@ class GrammarManager:
             if not job.future.done():
                 if job.running_for_s(time.monotonic()) >= self.timeout_s:
                     self._runner.abandon(job)
-                    failed.append((pending.req, self._timeout_error(pending)))
+                    failed.append((pending.req, self.timeout_error(pending.key.kind)))
                 else:
                     still.append(pending)
                 continue
@@ -198,9 +198,6 @@ class GrammarManager:
         # Errors are not cached: a transient failure should not stick to the key.
         if self._cache.get(key) is job:
             del self._cache[key]
-
-    def _timeout_error(self, pending: _Pending) -> Exception:
-        return self.timeout_error(pending.key.kind)
 
     def timeout_error(self, kind: str) -> Exception:
         """The error of a `kind` constraint whose compile ran past the timeout."""

@@ -56,6 +56,7 @@ from sglang.srt.managers.scheduler_entry import run_scheduler_process, scheduler
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.runtime_context import get_observability
 from sglang.srt.sampling.param_types import InvalidParamError, check_num_samples
+from sglang.srt.utils import LOG_DATE_FORMAT, log_format
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -675,9 +676,7 @@ def _show_request_lines_here(server_args: Any) -> None:
     if not server_args.log_requests or sglang_logger.hasHandlers():
         return
     handler = logging.StreamHandler()
-    handler.setFormatter(
-        logging.Formatter("[%(asctime)s engine] %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-    )
+    handler.setFormatter(logging.Formatter(log_format(" engine"), LOG_DATE_FORMAT))
     sglang_logger.addHandler(handler)
     if sglang_logger.level == logging.NOTSET:
         sglang_logger.setLevel(str(server_args.log_level or "info").upper())

@@ -77,17 +77,6 @@ OPEN_PATHS = frozenset({"/health"})  # served without the API key
 # probed by load balancers and scrapers every few seconds: no access line with
 # --log-requests (one a request is what it promises, not ten a second of probes)
 QUIET_ACCESS_PATHS = frozenset({"/health", "/health_generate", "/metrics"})
-
-
-class _QuietProbes(logging.Filter):
-    """Drops uvicorn's access lines for QUIET_ACCESS_PATHS. Its access record's args
-    are (client, method, path with query, HTTP version, status)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
-            return args[2].split("?", 1)[0].rstrip("/") not in QUIET_ACCESS_PATHS
-        return True
 SHUTDOWN_FAIL_MARGIN_S = 1.0  # before the grace ends, still-running requests get an error
 FORCED_EXIT_ANSWER_S = 2.0  # after a forced exit, how long requests get to send their error
 WATCH_INTERVAL_S = 1.0
@@ -631,6 +620,17 @@ async def serve_app(app: FastAPI) -> int:
         await _answer_left_requests(server)
         await server.state.tokenizer_manager.aclose()
     return server.state.exit_code
+
+
+class _QuietProbes(logging.Filter):
+    """Drops uvicorn's access lines for QUIET_ACCESS_PATHS. Its access record's args
+    are (client, method, path with query, HTTP version, status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            return args[2].split("?", 1)[0].rstrip("/") not in QUIET_ACCESS_PATHS
+        return True
 
 
 def _quiet_probe_access_lines() -> None:

@@ -100,16 +100,19 @@ class Req:
         # constrained decoding: this request's matcher (constrained/base.Grammar), set
         # once its grammar compiled; None for an unconstrained request
         self.grammar: Any = None
-        # speculative decoding: decode rounds this request took part in, and its draft
-        # runner state (STANDALONE: row in the draft's pools, positions with draft KV,
-        # this round's starting position)
+        self._init_speculation_state()
+        # embedding servers: the pooled vector, once the whole prompt is prefilled
+        self.embedding: list[float] | None = None
+
+    def _init_speculation_state(self) -> None:
+        """Speculative decoding: decode rounds this request took part in, and its draft
+        runner state (STANDALONE: row in the draft's pools, positions with draft KV,
+        this round's starting position; NGRAM: the index of all_ids())."""
         self.spec_verify_ct = 0
         self.draft_pool_idx: int | None = None
         self.draft_kv_len = 0
         self.draft_round_base: int | None = None
-        self.ngram_index: Any = None  # NGRAM: speculative.ngram.NgramIndex of all_ids()
-        # embedding servers: the pooled vector, once the whole prompt is prefilled
-        self.embedding: list[float] | None = None
+        self.ngram_index: Any = None  # speculative.ngram.NgramIndex
 
     def all_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids

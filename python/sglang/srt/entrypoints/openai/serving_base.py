@@ -13,6 +13,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,22 +130,27 @@ def check_model_name(tokenizer_manager: Any, model: str) -> None:
         )
 
 
+@contextmanager
+def param_errors_as_400(code: str = "invalid_value") -> Iterator[None]:
+    """A shared check's InvalidParamError as a 400 naming its field, with `code`."""
+    try:
+        yield
+    except InvalidParamError as exc:
+        raise APIError(str(exc), param=exc.param, code=code) from None
+
+
 def check_dp_routing(tokenizer_manager: Any, request: UnsupportedSGLangFields) -> None:
     """A 400 naming SGLang's DP-rank routing field where the request sets one this
     server cannot honour (UnsupportedSGLangFields.check_dp_routing)."""
-    try:
+    with param_errors_as_400("unsupported"):
         request.check_dp_routing(getattr(tokenizer_manager, "num_dp_ranks", 1))
-    except InvalidParamError as exc:
-        raise APIError(str(exc), param=exc.param, code="unsupported") from None
 
 
 def check_request_size(tokenizer_manager: Any, num_prompts: int, n: int, prompt_param: str) -> None:
     """A 400 for a request of more generations than the server holds at once
     (TokenizerManager.check_request_size), before any of them is queued."""
-    try:
+    with param_errors_as_400():
         tokenizer_manager.check_request_size(num_prompts, n, prompt_param)
-    except InvalidParamError as exc:
-        raise APIError(str(exc), param=exc.param, code="invalid_value") from None
 
 
 def prompt_fields(prompt: str | list[int]) -> dict[str, Any]:

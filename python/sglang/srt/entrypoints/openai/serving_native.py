@@ -8,8 +8,7 @@ several) and ends with `data: [DONE]`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Union
 
 from fastapi import Request
@@ -26,6 +25,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     mark_samples,
     new_request_id,
     open_stream,
+    param_errors_as_400,
     plan_choices,
     prompt_fields,
 )
@@ -39,7 +39,6 @@ from sglang.srt.entrypoints.per_prompt import (
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.sampling.param_types import (
     Flag,
-    InvalidParamError,
     LogprobStartLen,
     LogprobTokenIds,
     NonNegInt,
@@ -81,7 +80,7 @@ class GenerateRequest(NullTakesTheDefault, UnsupportedSGLangFields):
             raise APIError("give exactly one of text and input_ids", param="text",
                            code="invalid_value")  # fmt: skip
         if isinstance(self.sampling_params, list):
-            with _as_400():
+            with param_errors_as_400():
                 check_same_n([p.n for p in self.sampling_params])
 
     def prompts(self) -> list[str | list[int]]:
@@ -124,28 +123,19 @@ class GenerateRequest(NullTakesTheDefault, UnsupportedSGLangFields):
     def params_dicts(self, num_prompts: int) -> list[dict[str, Any]]:
         """Each prompt's sampling fields as the client set them, without `n` (fanned
         out here)."""
-        with _as_400():
+        with param_errors_as_400():
             return [_set_fields(p) for p in params_per_prompt(self.sampling_params, num_prompts)]
 
     def options_per_prompt(self, num_prompts: int) -> list[dict[str, Any]]:
         """Each prompt's logprob options (PER_PROMPT_OPTIONS), from one value or a list."""
         columns = {}
         for name in PER_PROMPT_OPTIONS:
-            with _as_400():
+            with param_errors_as_400():
                 columns[name] = option_per_prompt(name, getattr(self, name), num_prompts)
         return [{name: values[i] for name, values in columns.items()} for i in range(num_prompts)]
 
 
 PER_PROMPT_OPTIONS = ("return_logprob", "top_logprobs_num", "logprob_start_len", "token_ids_logprob")
-
-
-@contextmanager
-def _as_400() -> Iterator[None]:
-    """The shared per-prompt checks' InvalidParamError as a 400 naming its field."""
-    try:
-        yield
-    except InvalidParamError as exc:
-        raise APIError(str(exc), param=exc.param, code="invalid_value") from None
 
 
 def _set_fields(params: SamplingParamsSpec | None) -> dict[str, Any]:
@@ -160,7 +150,7 @@ def build_inputs(request: GenerateRequest) -> list[GenerateReqInput]:
     request.check_fields()
     prompts, n = request.prompts(), request.num_samples()
     prompt_param = "text" if request.text is not None else "input_ids"
-    with _as_400():
+    with param_errors_as_400():
         check_prompt_count(len(prompts), prompt_param)
     request_id = new_request_id("gen")
     one_rid = None if isinstance(request.rid, list) else request.rid
@@ -207,10 +197,8 @@ class NativeServing:
         check_dp_routing(self.tokenizer_manager, request)
         objs = build_inputs(request)
         n = request.num_samples()
-        check_request_size(
-            self.tokenizer_manager, len(request.prompts()), request.num_samples(),
-            "text" if request.text is not None else "input_ids",
-        )  # fmt: skip
+        prompt_param = "text" if request.text is not None else "input_ids"
+        check_request_size(self.tokenizer_manager, len(objs) // n, n, prompt_param)
         fanout = ChoiceFanout(
             self.tokenizer_manager, objs, self.metrics, raw_request,
             choice_param=lambda path, index: request.item_param(path, index // n),
